@@ -1,0 +1,1 @@
+"""Cluster wiring: configuration, HTTP API, Ray Serve application and the command line."""

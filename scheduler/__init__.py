@@ -1,0 +1,1 @@
+"""Request routing by cache affinity, admission control and autoscaling policy."""

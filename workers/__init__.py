@@ -1,0 +1,1 @@
+"""Model runner, RoPE, chunk-KV fusion (CacheBlend and baselines) and evaluation."""
