@@ -1,0 +1,121 @@
+"""KVShard: one node's RAM and SSD tiers, served to the cluster through Ray."""
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+from ray.actor import ActorHandle
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from kvplane.buffers import owned_blob
+from kvplane.index_reporter import IndexReporter
+from kvplane.stats import StoreStats
+from kvplane.store import TieredStore
+from kvplane.tier_spec import TierSpec
+
+SHARD_NAME_PREFIX = "kvshard-"
+
+
+@dataclass(slots=True)
+class ShardConfig:
+    """Capacities of a node's shard; the SSD tier lives under `ssd_url/<node id>`."""
+
+    ram_capacity_bytes: int
+    ssd_url: str | None = None
+    ssd_capacity_bytes: int = 0
+    policy: str = "tinylfu"
+    write_back_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.ram_capacity_bytes < 0 or self.ssd_capacity_bytes < 0:
+            raise ValueError("capacities must be >= 0")
+        if self.ssd_url is not None and "://" not in self.ssd_url:
+            raise ValueError(f"ssd_url needs a scheme such as file://, got {self.ssd_url!r}")
+
+    def tier_specs(self, node_id: str) -> list[TierSpec]:
+        """The shard's tiers on node `node_id`, fastest first."""
+        specs = [TierSpec("ram", "ram://", self.ram_capacity_bytes, self.policy)]
+        if self.ssd_url is not None:
+            specs.append(TierSpec("ssd", f"{self.ssd_url.rstrip('/')}/{node_id}", self.ssd_capacity_bytes, self.policy))
+        return specs
+
+
+def shard_name(node_id: str) -> str:
+    """Actor name of the shard on `node_id`."""
+    return f"{SHARD_NAME_PREFIX}{node_id}"
+
+
+class ShardServer:
+    """A TieredStore answering the Tier calls with numpy blobs, which Ray moves through its object
+    store without pickling copies; placements are reported to the location index if one is given."""
+
+    def __init__(self, config: ShardConfig, node_id: str, index: ActorHandle | None = None) -> None:
+        self.name = shard_name(node_id)
+        self._reporter = IndexReporter(index, self.name) if index is not None else None
+        self._store = TieredStore.from_specs(config.tier_specs(node_id), config.write_back_threads, self._reporter)
+        self._store.recover()
+
+    def ping(self) -> str:
+        """The shard's name, once it is up."""
+        return self.name
+
+    def put(self, key: str, blob: np.ndarray) -> None:
+        """Store an encoded chunk (copied out of the read-only object-store view into the shard's memory)."""
+        self._store.put_blob(key, owned_blob(blob))
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> np.ndarray | None:
+        """Encoded bytes `[start, end)` of `key`, or None."""
+        data = self._store.read(key, start, end)
+        return None if data is None else data.numpy()
+
+    def delete(self, key: str) -> None:
+        """Remove `key` from this shard."""
+        self._store.delete(key)
+
+    def contains(self, key: str) -> bool:
+        """Whether this shard holds `key`."""
+        return self._store.contains(key)
+
+    def locate(self, key: str) -> str | None:
+        """Which of this shard's tiers holds `key`."""
+        return self._store.locate(key)
+
+    def scan(self, prefix: str = "") -> list[tuple[str, int]]:
+        """Keys held here that start with `prefix`, with sizes."""
+        return list(self._store.scan(prefix))
+
+    def invalidate(self, fingerprint: str) -> int:
+        """Remove this shard's chunks of `fingerprint`."""
+        return self._store.invalidate(fingerprint)
+
+    def stats(self) -> StoreStats:
+        """This shard's store counters."""
+        return self._store.stats()
+
+    def flush(self) -> None:
+        """Finish background writes and send pending index events."""
+        self._store.flush()
+        if self._reporter is not None:
+            self._reporter.flush()
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class KVShard(ShardServer):
+    """Ray actor shell over ShardServer: one per node, named `kvshard-<node id>`."""
+
+
+def launch_shards(config: ShardConfig, index: ActorHandle | None = None) -> dict[str, ActorHandle]:
+    """Start (or find) a KVShard pinned to every alive node; returns them by name once all answer."""
+    shards = {}
+    for node_id in _alive_node_ids():
+        shards[shard_name(node_id)] = KVShard.options(
+            name=shard_name(node_id),
+            get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(config, node_id, index)
+    ray.get([shard.ping.remote() for shard in shards.values()])
+    return shards
+
+
+def _alive_node_ids() -> Iterator[str]:
+    return (node["NodeID"] for node in ray.nodes() if node["Alive"])

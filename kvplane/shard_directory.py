@@ -1,0 +1,54 @@
+"""The live node shards, and each key's home among them."""
+import logging
+import threading
+from collections.abc import Mapping
+
+import ray
+from ray.actor import ActorHandle
+
+from kvplane.rendezvous import home_shard
+from kvplane.shard import SHARD_NAME_PREFIX
+
+_log = logging.getLogger(__name__)
+
+
+class ShardDirectory:
+    """KVShard handles by name; a shard marked dead leaves the hashing (its keys move to the next
+    shard in rendezvous order) and, given an index, its entries leave the location index."""
+
+    def __init__(self, shards: Mapping[str, ActorHandle], index: ActorHandle | None = None) -> None:
+        self._live = dict(shards)
+        self._index = index
+        self._lock = threading.Lock()
+
+    @classmethod
+    def discover(cls, index: ActorHandle | None = None) -> "ShardDirectory":
+        """The shards registered under their names in this Ray namespace."""
+        shards = {}
+        for name in ray.util.list_named_actors():
+            if name.startswith(SHARD_NAME_PREFIX):
+                try:
+                    shards[name] = ray.get_actor(name)
+                except ValueError:  # died between listing and lookup
+                    continue
+        return cls(shards, index)
+
+    def home(self, key: str) -> tuple[str, ActorHandle] | None:
+        """The live shard `key` belongs to, by name and handle, or None when no shard is live."""
+        with self._lock:
+            name = home_shard(key, self._live)
+            return None if name is None else (name, self._live[name])
+
+    def live(self) -> dict[str, ActorHandle]:
+        """Live shards by name."""
+        with self._lock:
+            return dict(self._live)
+
+    def mark_dead(self, name: str) -> None:
+        """Take a shard out of the hashing after a failed call."""
+        with self._lock:
+            gone = self._live.pop(name, None) is not None
+        if gone:
+            _log.warning("kvplane: shard %s is unreachable; its keys now hash to the next shard", name)
+            if self._index is not None:
+                self._index.drop_holder.remote(name)

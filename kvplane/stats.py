@@ -1,0 +1,39 @@
+"""Counters a store keeps per tier."""
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TierStats:
+    """Lookups and traffic of one tier. Promotions and demotions count at the receiving tier."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    evictions: int = 0
+    rejections: int = 0
+    promotions: int = 0
+    demotions: int = 0
+    corruptions: int = 0
+    errors: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over lookups (0 before any lookup)."""
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0
+
+
+@dataclass(slots=True)
+class StoreStats:
+    """Per-tier counters in tier order, plus failed background writes."""
+
+    tiers: dict[str, TierStats] = field(default_factory=dict)
+    write_back_errors: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain nested dict (for JSON and metrics)."""
+        return {
+            "tiers": {name: {**{f: getattr(s, f) for f in s.__slots__}, "hit_rate": s.hit_rate} for name, s in self.tiers.items()},
+            "write_back_errors": self.write_back_errors,
+        }

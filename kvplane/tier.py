@@ -1,0 +1,32 @@
+"""The storage interface every tier implements: blobs by key, whole or by byte range."""
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+
+class TierError(OSError):
+    """A tier's backend failed (unreachable, refused); the store counts it and treats it as a miss."""
+
+
+class Tier(Protocol):
+    """One storage level. Blobs are 1-D uint8 tensors; `put` may keep the blob it is given (callers
+    never mutate a blob after handing it over), and `read` returns a buffer the caller owns."""
+
+    name: str
+    capacity_bytes: int
+
+    def put(self, key: str, blob: torch.Tensor) -> None:
+        """Store `blob` under `key`, atomically: a reader sees the old state or the whole new blob."""
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
+        """Bytes `[start, end)` of the blob (to its end if `end` is None), or None if absent."""
+
+    def delete(self, key: str) -> None:
+        """Remove `key` if present."""
+
+    def contains(self, key: str) -> bool:
+        """Whether `key` is present."""
+
+    def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """Keys starting with `prefix`, with their blob sizes."""

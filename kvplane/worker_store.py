@@ -1,0 +1,27 @@
+"""The store a worker process holds: its device tier over its cluster's shards and the object store."""
+from kvplane.shard_directory import ShardDirectory
+from kvplane.shard_tier import ShardTier
+from kvplane.store import PlacementListener, TieredStore
+from kvplane.tier import Tier
+from kvplane.tier_spec import TierSpec, open_tier
+
+
+def open_worker_store(
+    device_capacity_bytes: int,
+    directory: ShardDirectory | None = None,
+    object_store: TierSpec | None = None,
+    policy: str = "tinylfu",
+    listener: PlacementListener | None = None,
+    write_back_threads: int = 2,
+) -> TieredStore:
+    """Tiers `device` (GPU HBM, or host memory without a GPU), then `shard` (the key's home node
+    shard, if a directory is given), then the shared object store (if given)."""
+    tiers: list[Tier] = [open_tier(TierSpec("device", "device://", device_capacity_bytes, policy))]
+    policies = [policy]
+    if directory is not None:
+        tiers.append(ShardTier(directory))
+        policies.append("passthrough")
+    if object_store is not None:
+        tiers.append(open_tier(object_store))
+        policies.append(object_store.policy)
+    return TieredStore(tiers, policies, write_back_threads, listener)
