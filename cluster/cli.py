@@ -1,5 +1,6 @@
 """The `blendserve` command line."""
 import json
+import logging
 from pathlib import Path
 
 import typer
@@ -7,6 +8,50 @@ import typer
 app = typer.Typer(help="blendserve: RAG serving with CacheBlend chunk-KV fusion.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks; results go to JSON files.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+log = logging.getLogger("blendserve")
+
+
+@app.command("prepare-model")
+def prepare_model(cache_dir: Path = typer.Option(None, help="Where prepared checkpoints live.")) -> None:
+    """Convert the default model (SmolLM2-135M-Instruct GGUF) to a bf16 safetensors checkpoint, once."""
+    from workers.default_model import prepare_default_model
+
+    typer.echo(str(prepare_default_model(cache_dir)))
+
+
+@app.command("eval")
+def eval_command(
+    data: Path = typer.Option(..., exists=True, dir_okay=False, help="A QA file in the shared JSONL schema."),
+    limit: int = typer.Option(None, min=1, help="Evaluate only the first N records."),
+    modes: str = typer.Option("full_prefill,full_reuse,cacheblend", help="Comma-separated fusion modes."),
+    ratio: float = typer.Option(0.15, min=0.0, max=1.0, help="Recompute ratio for the selective modes."),
+    out: Path = typer.Option(Path("eval.json"), help="Where to write the JSON result."),
+    model: Path = typer.Option(None, help="A local Hugging Face checkpoint directory (default: SmolLM2-135M)."),
+    max_new_tokens: int = typer.Option(32, min=1, help="Greedy tokens generated per answer."),
+    chunk_context: str = typer.Option("prefix", help="Compute chunk KV 'alone' or after the prompt 'prefix'."),
+) -> None:
+    """Compare fusion modes on quality (F1, agreement with full prefill, first-token KL) and TTFT."""
+    from workers.evaluation.dataset import load_records
+    from workers.evaluation.evaluate import EvalRun, evaluate
+    from workers.evaluation.report import eval_document, format_table
+    from workers.loading import load_engine
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    mode_names = [m.strip() for m in modes.split(",") if m.strip()]
+    engine = load_engine(model, chunk_context=chunk_context)
+    unknown = [m for m in mode_names if m not in engine.modes]
+    if unknown:
+        raise typer.BadParameter(f"unknown mode(s) {unknown}; choose from {sorted(engine.modes)}", param_hint="--modes")
+    records = load_records(data, limit)
+    runs = [EvalRun(m, m, ratio) for m in dict.fromkeys(["full_prefill", *mode_names])]
+    summaries, precompute_s = evaluate(
+        engine, records, runs, max_new_tokens, lambda i, s: log.info("record %d/%d done", i + 1, len(records))
+    )
+    document = eval_document(engine.runner.checkpoint.path.name, data, len(records), summaries)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    typer.echo(format_table(summaries))
+    typer.echo(f"chunk KV precompute (not in TTFT): {precompute_s:.1f} s for {len(records)} records")
 
 
 @bench_app.command("store")

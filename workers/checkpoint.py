@@ -1,0 +1,41 @@
+"""Load a local Hugging Face checkpoint directory: config, weights, tokenizer and fingerprint."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from workers.fingerprint import model_fingerprint
+from workers.model_config import ModelConfig, UnsupportedModelError
+from workers.weights import ModelWeights
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """A loaded model: what it is, its tensors, its tokenizer, and the identity of cached KV made with it."""
+
+    path: Path
+    config: ModelConfig
+    weights: ModelWeights
+    tokenizer: PreTrainedTokenizerBase
+    fingerprint: str
+
+
+def load_checkpoint(path: Path, dtype: torch.dtype = torch.bfloat16) -> Checkpoint:
+    """Read config.json, *.safetensors and the tokenizer from a local directory (never a hub)."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint directory: config.json is missing")
+    config = ModelConfig.from_hf(json.loads(config_file.read_text()))
+    weight_files = sorted(path.glob("*.safetensors"))
+    if not weight_files:
+        raise UnsupportedModelError(f"{path} has no *.safetensors weights (only safetensors checkpoints load)")
+    state: dict[str, torch.Tensor] = {}
+    for f in weight_files:
+        state.update(load_file(str(f)))
+    weights = ModelWeights.from_state_dict(config, state, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return Checkpoint(path, config, weights, tokenizer, model_fingerprint(path))

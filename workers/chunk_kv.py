@@ -1,0 +1,34 @@
+"""A chunk's KV cache computed once, to be reused wherever the chunk appears in a prompt."""
+from dataclasses import dataclass
+
+import torch
+
+from workers.runner import ModelRunner
+
+
+@dataclass(slots=True)
+class ChunkKV:
+    """K and V of a chunk's tokens; K rotated for positions base_position..base_position+T-1."""
+
+    token_ids: list[int]
+    kv: torch.Tensor  # [L, 2, T, H_kv, D]
+    base_position: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kv.dim() != 5 or self.kv.shape[1] != 2 or self.kv.shape[2] != len(self.token_ids):
+            raise ValueError(f"chunk KV shape {tuple(self.kv.shape)} does not match {len(self.token_ids)} tokens")
+
+    @property
+    def num_tokens(self) -> int:
+        """How many tokens the chunk holds."""
+        return len(self.token_ids)
+
+
+@torch.inference_mode()
+def compute_chunk_kv(runner: ModelRunner, token_ids: list[int], context_ids: list[int] = ()) -> ChunkKV:
+    """Prefill the chunk alone (or after `context_ids`) and keep only the chunk's own KV."""
+    ids = torch.tensor(list(context_ids) + list(token_ids), dtype=torch.long)
+    cache = runner.new_cache(len(ids))
+    runner.forward(ids, cache, 0)
+    start = len(context_ids)
+    return ChunkKV(list(token_ids), cache.data[:, :, start:].clone(), base_position=start)

@@ -1,0 +1,1 @@
+"""Quality and TTFT evaluation of the fusion modes on multi-document QA data."""

@@ -1,0 +1,27 @@
+"""Read the shared multi-document QA files (one JSON record per line)."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class QARecord:
+    """A question, its gold answers and its retrieved documents in retrieval order."""
+
+    id: str
+    question: str
+    answers: list[str]
+    documents: list[str]
+
+
+def load_records(path: Path, limit: int | None = None) -> list[QARecord]:
+    """The first `limit` records; a document is its title line (when there is one) and its text."""
+    records = []
+    with open(path) as handle:
+        for line in handle:
+            if limit is not None and len(records) >= limit:
+                break
+            raw = json.loads(line)
+            docs = [f"{c['title']}\n{c['text']}" if c.get("title") else c["text"] for c in raw["ctxs"]]
+            records.append(QARecord(str(raw["id"]), raw["question"], list(raw["answers"]), docs))
+    return records

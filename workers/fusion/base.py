@@ -1,0 +1,81 @@
+"""The fusion-mode interface and the options every mode reads."""
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from workers.fusion.deviation import DEVIATION_METRICS
+from workers.fusion.layout import BlendLayout
+from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
+from workers.kv_cache import KVCache
+from workers.runner import ModelRunner
+
+
+@dataclass(frozen=True, slots=True)
+class FusionOptions:
+    """Knobs of the fusion modes, fixed when the engine is built."""
+
+    recompute_ratio: float = 0.15
+    deviation_metric: str = "kv"
+    filter_layers: tuple[int, ...] = (1, 2)
+    filter_multipliers: tuple[float, ...] = (2.0, 1.0)
+    epic_tokens: int | None = None
+    cci_reuse_below: float = 0.02
+    cci_full_above: float = 0.6
+    cci_sample_queries: int = 32
+    prefix_cache_blocks: int = 2048
+    prefix_block_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.recompute_ratio <= 1.0:
+            raise ValueError(f"recompute_ratio must be in [0, 1], got {self.recompute_ratio}")
+        if self.deviation_metric not in DEVIATION_METRICS:
+            raise ValueError(f"deviation_metric must be one of {DEVIATION_METRICS}, got {self.deviation_metric!r}")
+        if len(self.filter_layers) != len(self.filter_multipliers) or not self.filter_layers:
+            raise ValueError("filter_layers and filter_multipliers must be non-empty and of equal length")
+        if list(self.filter_layers) != sorted(set(self.filter_layers)) or self.filter_layers[0] < 1:
+            raise ValueError("filter_layers must be strictly ascending and start at layer 1 or later")
+        if any(m < 1.0 for m in self.filter_multipliers) or self.filter_multipliers[-1] != 1.0:
+            raise ValueError("filter_multipliers must be >= 1 and end at 1.0 (the target ratio)")
+        if self.epic_tokens is not None and self.epic_tokens < 0:
+            raise ValueError("epic_tokens must be >= 0")
+        if not 0.0 <= self.cci_reuse_below < self.cci_full_above <= 1.0:
+            raise ValueError("need 0 <= cci_reuse_below < cci_full_above <= 1")
+        if min(self.cci_sample_queries, self.prefix_cache_blocks, self.prefix_block_tokens) < 1:
+            raise ValueError("cci_sample_queries, prefix_cache_blocks and prefix_block_tokens must be positive")
+
+
+class FusionMode(ABC):
+    """A strategy that fills a request's KV cache from cached chunks and selective recompute."""
+
+    name: ClassVar[str]
+    reads_chunk_cache: ClassVar[bool] = True
+
+    def __init__(self, options: FusionOptions) -> None:
+        self.options = options
+
+    def prefill(self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float) -> PrefillResult:
+        """Place cached KV, then recompute the tokens this mode chooses."""
+        if self.reads_chunk_cache:
+            layout.load_cached(cache, runner.inv_freq)
+        narrow = (lambda step: self.narrow(step, ratio)) if self.narrows else None
+        return selective_prefill(runner, layout, cache, self.initial(layout, ratio), narrow)
+
+    @property
+    def narrows(self) -> bool:
+        """Whether the mode shrinks the recomputed set during the pass."""
+        return type(self).narrow is not FusionMode.narrow
+
+    @abstractmethod
+    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
+        """Ascending positions recomputed from layer 0 (always including layout.forced)."""
+
+    def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
+        """Indices into step.positions kept past this layer; None keeps all."""
+        return None
+
+
+def all_positions(layout: BlendLayout) -> torch.Tensor:
+    """Every position of the sequence."""
+    return torch.arange(layout.num_tokens)

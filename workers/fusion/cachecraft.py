@@ -1,0 +1,60 @@
+"""Cache-Craft (Agarwal et al., SIGMOD'25): per-chunk Cache Context Impact picks reuse, selective or full recompute."""
+import math
+
+import torch
+
+from workers.fusion.base import FusionMode, all_positions
+from workers.fusion.cacheblend import step_deviation
+from workers.fusion.deviation import ratio_count
+from workers.fusion.layout import BlendLayout, Segment
+from workers.fusion.selective_pass import LayerStep
+
+
+class CacheCraft(FusionMode):
+    """At the first filter layer, chunks the context barely reaches are reused, strongly reached ones recomputed."""
+
+    name = "cachecraft"
+
+    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
+        return all_positions(layout)
+
+    def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
+        opts = self.options
+        if step.layer != opts.filter_layers[0]:
+            return None
+        if len(step.positions) != step.layout.num_tokens:
+            raise ValueError("cachecraft needs every token recomputed up to its first filter layer")
+        chunks = step.layout.chunk_segments()
+        keep = step.layout.forced.clone()
+        if not chunks:
+            return keep.nonzero().squeeze(1)
+        impact = chunk_context_impact(step.q, step.k, chunks, opts.cci_sample_queries)
+        deviation = step_deviation(step, opts.deviation_metric)
+        mean_impact = float(impact.mean()) or 1.0
+        for seg, cci in zip(chunks, impact.tolist()):
+            if cci < opts.cci_reuse_below:
+                continue
+            chunk_ratio = 1.0 if cci >= opts.cci_full_above else min(1.0, ratio * cci / mean_impact)
+            top = torch.topk(deviation[seg.start : seg.end], ratio_count(chunk_ratio, seg.num_tokens)).indices
+            keep[seg.start + top] = True
+        return keep.nonzero().squeeze(1)
+
+
+def chunk_context_impact(q: torch.Tensor, k: torch.Tensor, chunks: list[Segment], num_queries: int) -> torch.Tensor:
+    """Per chunk, the share of its tokens' attention that goes to earlier context rather than to itself.
+
+    Position 0 (the attention sink of every sequence) counts for neither side.
+    q: [N, H, D], k: [N, H_kv, D] fresh at one layer for all N tokens -> [C]
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    k = k.float().repeat_interleave(num_heads // k.shape[1], dim=1)  # [N, H, D]
+    impacts = []
+    for seg in chunks:
+        rows = torch.linspace(seg.start, seg.end - 1, min(num_queries, seg.num_tokens)).round().long()  # [S]
+        scores = torch.einsum("shd,nhd->hsn", q[rows].float(), k[: seg.end]) / math.sqrt(head_dim)
+        scores = scores.masked_fill(torch.arange(seg.end)[None, None, :] > rows[None, :, None], float("-inf"))
+        probs = scores.softmax(dim=-1)  # [H, S, seg.end]
+        inter = probs[..., 1 : seg.start].sum(-1)
+        intra = probs[..., seg.start :].sum(-1)
+        impacts.append(float((inter / (inter + intra).clamp_min(1e-9)).mean()))
+    return torch.tensor(impacts)

@@ -1,0 +1,36 @@
+"""Baseline: prefix caching, reusing only the longest previously seen prefix of the prompt."""
+import torch
+
+from workers.fusion.base import FusionMode, FusionOptions, all_positions
+from workers.fusion.layout import BlendLayout
+from workers.fusion.prefix_block_cache import PrefixBlockCache
+from workers.fusion.selective_pass import PrefillResult, selective_prefill
+from workers.kv_cache import KVCache
+from workers.runner import ModelRunner
+
+
+class PrefixCache(FusionMode):
+    """Exact reuse of earlier prompts' KV from position 0 up to the first differing block."""
+
+    name = "prefix_cache"
+    reads_chunk_cache = False
+
+    def __init__(self, options: FusionOptions) -> None:
+        super().__init__(options)
+        self.cache = PrefixBlockCache(options.prefix_block_tokens, options.prefix_cache_blocks)
+
+    def prefill(self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float) -> PrefillResult:
+        """Load the matched prefix blocks, compute the rest, then remember this prompt's blocks."""
+        token_ids = layout.token_ids.tolist()
+        blocks = self.cache.match(token_ids[:-1])  # the last token is always computed: it yields the logits
+        num_hit = len(blocks) * self.cache.block_tokens
+        if blocks:
+            cache.data[:, :, :num_hit] = torch.cat(blocks, dim=2)
+        layout.forced[:num_hit] = False
+        result = selective_prefill(runner, layout, cache, self.initial(layout, ratio)[num_hit:])
+        self.cache.insert(token_ids, cache.data)
+        return result
+
+    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
+        """Every position; prefill() drops the ones its prefix hit covers."""
+        return all_positions(layout)

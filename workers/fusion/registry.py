@@ -1,0 +1,21 @@
+"""The registry of fusion modes: a name chosen once per engine maps to one strategy object."""
+from workers.fusion.base import FusionMode, FusionOptions
+from workers.fusion.cacheblend import CacheBlend
+from workers.fusion.cachecraft import CacheCraft
+from workers.fusion.epic import Epic
+from workers.fusion.full_prefill import FullPrefill
+from workers.fusion.full_reuse import FullReuse
+from workers.fusion.prefix_cache import PrefixCache
+
+FUSION_MODES: dict[str, type[FusionMode]] = {
+    mode.name: mode for mode in (FullPrefill, PrefixCache, FullReuse, Epic, CacheBlend, CacheCraft)
+}
+
+
+def make_fusion_modes(options: FusionOptions, names: list[str] | None = None) -> dict[str, FusionMode]:
+    """Instantiate the named modes (all by default); unknown names are refused with the valid ones listed."""
+    names = list(FUSION_MODES) if names is None else names
+    unknown = [n for n in names if n not in FUSION_MODES]
+    if unknown:
+        raise ValueError(f"unknown fusion mode(s) {unknown}; choose from {sorted(FUSION_MODES)}")
+    return {n: FUSION_MODES[n](options) for n in names}

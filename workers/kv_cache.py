@@ -1,0 +1,31 @@
+"""A request's contiguous KV buffer for all layers, with room to append decoded tokens."""
+import torch
+
+from workers.model_config import ModelConfig
+
+
+class KVCache:
+    """Keys and values of one sequence at positions 0..length-1. # [L, 2, capacity, H_kv, D]"""
+
+    def __init__(self, config: ModelConfig, capacity: int, dtype: torch.dtype) -> None:
+        self.data = torch.zeros(config.num_layers, 2, capacity, config.num_kv_heads, config.head_dim, dtype=dtype)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        """How many token slots the buffer holds."""
+        return self.data.shape[2]
+
+    def layer(self, layer: int, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of K and V of one layer for slots [0, end). # [N, H_kv, D] each"""
+        n = self.length if end is None else end
+        return self.data[layer, 0, :n], self.data[layer, 1, :n]
+
+    def write(self, layer: int, slots: torch.Tensor | slice, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store fresh K and V of some tokens of one layer."""
+        self.data[layer, 0, slots] = k
+        self.data[layer, 1, slots] = v
+
+    def context(self, end: int | None = None) -> torch.Tensor:
+        """All layers' KV of slots [0, end). # [L, 2, N, H_kv, D]"""
+        return self.data[:, :, : self.length if end is None else end]

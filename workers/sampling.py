@@ -1,0 +1,35 @@
+"""Next-token choice: greedy, or temperature and top-p sampling."""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How many tokens to generate and how to pick each."""
+
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """Pick one token id from float32 logits. # [V] -> int"""
+    if params.temperature == 0.0:
+        return int(logits.argmax())
+    probs = (logits / params.temperature).softmax(dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p  # keep the smallest set reaching top_p
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs.masked_fill(outside, 0.0))
+    return int(torch.multinomial(probs, 1, generator=generator))

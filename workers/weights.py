@@ -1,0 +1,58 @@
+"""Model weights regrouped for the layer-wise runner (fused QKV and gate/up projections)."""
+from dataclasses import dataclass
+
+import torch
+
+from workers.model_config import ModelConfig, UnsupportedModelError
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One decoder layer's tensors, laid out for single matmuls."""
+
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(H + 2 H_kv) D, hidden]
+    qkv_bias: torch.Tensor | None  # [(H + 2 H_kv) D]
+    o: torch.Tensor  # [hidden, H D]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 I, hidden]
+    down: torch.Tensor  # [hidden, I]
+
+
+@dataclass(slots=True)
+class ModelWeights:
+    """All tensors of the model in the compute dtype."""
+
+    embed: torch.Tensor  # [V, hidden]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [V, hidden]
+
+    @classmethod
+    def from_state_dict(cls, config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> "ModelWeights":
+        """Regroup Hugging Face Llama-style tensor names; name the first tensor that is missing."""
+
+        def take(name: str) -> torch.Tensor:
+            if name not in state:
+                raise UnsupportedModelError(f"checkpoint has no tensor {name!r}")
+            return state[name].to(dtype)
+
+        layers = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            attn = [take(f"{p}self_attn.{n}_proj.weight") for n in ("q", "k", "v")]
+            bias = [take(f"{p}self_attn.{n}_proj.bias") for n in ("q", "k", "v")] if config.qkv_bias else None
+            layers.append(
+                LayerWeights(
+                    input_norm=take(f"{p}input_layernorm.weight"),
+                    qkv=torch.cat(attn).contiguous(),
+                    qkv_bias=torch.cat(bias).contiguous() if bias else None,
+                    o=take(f"{p}self_attn.o_proj.weight"),
+                    post_norm=take(f"{p}post_attention_layernorm.weight"),
+                    gate_up=torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]).contiguous(),
+                    down=take(f"{p}mlp.down_proj.weight"),
+                )
+            )
+        embed = take("model.embed_tokens.weight")
+        head = embed if config.tie_word_embeddings or "lm_head.weight" not in state else take("lm_head.weight")
+        return cls(embed=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=head)
