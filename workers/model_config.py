@@ -4,6 +4,8 @@ from typing import Any
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": False, "MistralForCausalLM": False, "Qwen2ForCausalLM": True}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# config.json files without an "architectures" list name the family only by model_type.
+MODEL_TYPE_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 class UnsupportedModelError(ValueError):
@@ -67,7 +69,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
         """Build from a Hugging Face config.json dict; refuse what the runner cannot run exactly."""
-        archs = hf.get("architectures") or [hf.get("model_type", "?")]
+        model_type = hf.get("model_type", "?")
+        archs = hf.get("architectures") or [MODEL_TYPE_ARCHITECTURES.get(model_type, model_type)]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
@@ -106,8 +109,11 @@ def _refuse_unsupported_options(hf: dict[str, Any]) -> None:
         raise UnsupportedModelError("mlp_bias=true is not supported")
     if hf.get("use_sliding_window") or (hf.get("model_type") == "mistral" and hf.get("sliding_window")):
         raise UnsupportedModelError("sliding-window attention is not supported")
-    if hf.get("attention_bias") and hf.get("model_type") not in ("llama", "qwen2", None):
-        raise UnsupportedModelError(f"attention_bias on model_type {hf.get('model_type')!r} is not supported")
+    if hf.get("attention_bias") and hf.get("model_type") != "qwen2":
+        raise UnsupportedModelError(
+            f"attention_bias=true on model_type {hf.get('model_type')!r} is not supported "
+            "(it also biases o_proj, which the runner does not apply)"
+        )
 
 
 def _rope_config(hf: dict[str, Any]) -> RopeConfig:

@@ -54,5 +54,5 @@ class ModelWeights:
                 )
             )
         embed = take("model.embed_tokens.weight")
-        head = embed if config.tie_word_embeddings or "lm_head.weight" not in state else take("lm_head.weight")
+        head = embed if config.tie_word_embeddings else take("lm_head.weight")
         return cls(embed=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=head)
