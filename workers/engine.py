@@ -1,6 +1,6 @@
 """The reference torch engine: lay out a RAG request, fuse cached chunk KV with the chosen mode, decode."""
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -11,6 +11,8 @@ from workers.decode import iter_decode
 from workers.fusion.base import FusionOptions
 from workers.fusion.layout import BlendLayout
 from workers.fusion.registry import make_fusion_modes
+from workers.fusion.selective_pass import PrefillResult
+from workers.kv_cache import KVCache
 from workers.prompt import PromptLayout, PromptTemplate
 from workers.runner import ModelRunner
 from workers.sampling import SamplingParams
@@ -86,18 +88,10 @@ class BlendEngine:
             raise ValueError(f"recompute_ratio must be in [0, 1], got {ratio}")
         sampling = request.sampling
         if not sampling.stop_token_ids:
-            sampling = SamplingParams(**{**_fields(sampling), "stop_token_ids": self.stop_token_ids})
+            sampling = replace(sampling, stop_token_ids=self.stop_token_ids)
         start_s = time.perf_counter()
         prompt = self.layout(request.documents, request.question)
-        layout = self._blend_layout(prompt, mode.reads_chunk_cache)
-        limit = self.runner.config.max_position_embeddings
-        if layout.num_tokens + sampling.max_new_tokens > limit:
-            raise ValueError(
-                f"prompt of {layout.num_tokens} tokens plus max_tokens {sampling.max_new_tokens} exceeds the "
-                f"model's context of {limit} tokens"
-            )
-        cache = self.runner.new_cache(layout.num_tokens + sampling.max_new_tokens)
-        prefill = mode.prefill(self.runner, layout, cache, ratio)
+        cache, prefill, layout = self.fuse(prompt, request.mode, ratio, sampling.max_new_tokens)
         first_logits = self.runner.logits(prefill.last_hidden[None])[0]
         ttft_s = time.perf_counter() - start_s
         token_ids = list(iter_decode(self.runner, cache, first_logits, sampling))
@@ -115,6 +109,21 @@ class BlendEngine:
             recomputed_fraction=prefill.recomputed_fraction,
             first_token_logprobs=first_logits.log_softmax(-1),
         )
+
+    def fuse(
+        self, prompt: PromptLayout, mode_name: str, ratio: float, extra_capacity: int = 0
+    ) -> tuple[KVCache, PrefillResult, BlendLayout]:
+        """Fill a KV cache for the whole prompt with one fusion mode (no decoding)."""
+        mode = self.modes[mode_name]
+        layout = self._blend_layout(prompt, mode.reads_chunk_cache)
+        limit = self.runner.config.max_position_embeddings
+        if layout.num_tokens + extra_capacity > limit:
+            raise ValueError(
+                f"prompt of {layout.num_tokens} tokens plus max_tokens {extra_capacity} exceeds the "
+                f"model's context of {limit} tokens"
+            )
+        cache = self.runner.new_cache(layout.num_tokens + extra_capacity)
+        return cache, mode.prefill(self.runner, layout, cache, ratio), layout
 
     def _blend_layout(self, prompt: PromptLayout, reads_cache: bool) -> BlendLayout:
         if not reads_cache:
@@ -134,6 +143,3 @@ class BlendEngine:
         context = self._context_ids(ids, prompt)
         self.store.put(compute_chunk_kv(self.runner, ids, context), context)
 
-
-def _fields(params: SamplingParams) -> dict:
-    return {name: getattr(params, name) for name in params.__dataclass_fields__}

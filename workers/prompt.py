@@ -36,6 +36,7 @@ class PromptTemplate:
     tokenizer: PreTrainedTokenizerBase
     instruction: str = DEFAULT_INSTRUCTION
     question_template: str = DEFAULT_QUESTION_TEMPLATE
+    use_chat_template: bool = True
 
     def __post_init__(self) -> None:
         if "{question}" not in self.question_template:
@@ -52,7 +53,7 @@ class PromptTemplate:
 
     def _chat_frame(self) -> tuple[str, str]:
         """The chat template's text before and after the user message (with the generation prompt)."""
-        if not self.tokenizer.chat_template:
+        if not (self.use_chat_template and self.tokenizer.chat_template):
             return "", ""
         rendered = self.tokenizer.apply_chat_template(
             [{"role": "user", "content": _CONTENT_MARKER}], tokenize=False, add_generation_prompt=True
