@@ -1,0 +1,40 @@
+"""`blendserve eval` end to end on the real model and real data: the JSON has exactly the documented shape."""
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cluster.cli import app
+from tests.workers.conftest import DATA_DIR
+
+SUMMARY_KEYS = {"f1", "agreement_f1", "first_token_kl", "ttft_s_median", "ttft_s_mean", "context_tokens_mean",
+                "recomputed_fraction"}
+
+
+def test_eval_writes_the_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "eval.json"
+    data = DATA_DIR / "hotpotqa_hipporag.dev.jsonl"
+    result = CliRunner().invoke(app, ["eval", "--data", str(data), "--limit", "1", "--modes", "full_reuse,cacheblend",
+                                      "--max-new-tokens", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert set(document) == {"model", "data", "records", "modes"}
+    assert document["records"] == 1 and document["model"] == "SmolLM2-135M-Instruct"
+    assert set(document["modes"]) == {"full_prefill", "full_reuse", "cacheblend"}
+    for mode, row in document["modes"].items():
+        assert set(row) == SUMMARY_KEYS
+        assert row["context_tokens_mean"] > 100
+        assert row["ttft_s_median"] > 0
+    full = document["modes"]["full_prefill"]
+    assert full["agreement_f1"] == 1.0 and full["first_token_kl"] == 0.0 and full["recomputed_fraction"] == 1.0
+    assert 0.0 < document["modes"]["cacheblend"]["recomputed_fraction"] < 0.5
+    assert document["modes"]["full_reuse"]["recomputed_fraction"] == 0.0
+    assert "cacheblend" in result.output
+
+
+def test_eval_refuses_an_unknown_mode(tmp_path: Path) -> None:
+    data = DATA_DIR / "hotpotqa_hipporag.dev.jsonl"
+    result = CliRunner().invoke(app, ["eval", "--data", str(data), "--limit", "1", "--modes", "nonsense",
+                                      "--out", str(tmp_path / "x.json")])
+    assert result.exit_code != 0
+    assert "nonsense" in result.output
