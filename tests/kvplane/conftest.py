@@ -1,5 +1,4 @@
 """Shared kvplane fixtures: chunk entries, a real S3 endpoint (moto), a real two-node Ray cluster."""
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,28 +52,27 @@ def s3_spec(s3_endpoint: str) -> TierSpec:
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """Two Ray nodes on loopback (one CPU each), with Ray's files in a test-owned folder."""
-    ray = pytest.importorskip("ray")
+    import ray
+    from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
     root = tmp_path_factory.mktemp("ray")
-    saved = {name: os.environ.get(name) for name in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "TMPDIR")}
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["TMPDIR"] = str(root)
     node_args = {"num_cpus": 1, "object_store_memory": 100 * 1024 * 1024}
-    cluster = Cluster(initialize_head=True, head_node_args={**node_args, "_temp_dir": str(root)})
-    cluster.add_node(**node_args)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace="kvplane-tests")
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with pytest.MonkeyPatch.context() as patch:
+        # The switch keeps every Ray address on loopback. Ray reads it at import, which has already
+        # happened in this process, so the parsed constant is set too; child processes read the env.
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+        patch.setenv("TMPDIR", str(root))
+        cluster = Cluster(initialize_head=True, head_node_args={**node_args, "temp_dir": str(root / "ray")})
+        try:
+            cluster.add_node(**node_args)
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, namespace="kvplane-tests")
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
 
 
 @pytest.fixture

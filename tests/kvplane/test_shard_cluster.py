@@ -1,0 +1,100 @@
+"""Node shards on a real two-node Ray cluster: cross-node reads, the location index, shard loss."""
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from kvplane.entry import KVEntry
+from kvplane.location_index import launch_location_index
+from kvplane.rendezvous import home_shard
+from kvplane.shard import ShardConfig, launch_shards, shard_name
+from kvplane.shard_directory import ShardDirectory
+from kvplane.worker_store import open_worker_store
+from tests.kvplane.conftest import EntryFactory
+
+
+@pytest.fixture(scope="module")
+def shards(ray_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ActorHandle]]:
+    """A shard on each node (RAM + SSD) and the cluster's location index."""
+    ssd_root = tmp_path_factory.mktemp("shard-ssd")
+    index = launch_location_index()
+    handles = launch_shards(
+        ShardConfig(ram_capacity_bytes=4 << 20, ssd_url=f"file://{ssd_root}", ssd_capacity_bytes=64 << 20), index
+    )
+    yield handles
+    for handle in [*handles.values(), index]:
+        ray.kill(handle)
+
+
+def on_node(node_id: str) -> NodeAffinitySchedulingStrategy:
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+@ray.remote(num_cpus=0)
+def put_as_worker(entry: KVEntry) -> str:
+    """A worker on this node stores a chunk it computed; returns the node it ran on."""
+    with open_worker_store(1 << 20, ShardDirectory.discover()) as store:
+        store.put(entry)
+    return ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_cpus=0)
+def get_as_worker(key: str) -> tuple[str, torch.Tensor | None, str | None]:
+    """A fresh worker (empty device tier) looks a chunk up; returns its node, the tensor and the tier."""
+    with open_worker_store(1 << 20, ShardDirectory.discover()) as store:
+        stream = store.read_layers(key)
+        kv = None if stream is None else torch.stack(list(stream))
+        return ray.get_runtime_context().get_node_id(), kv, None if stream is None else stream.tier
+
+
+def node_ids() -> list[str]:
+    return sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+
+
+def test_a_chunk_put_on_one_node_is_read_on_the_other(shards: dict[str, ActorHandle], make_entry: EntryFactory) -> None:
+    first, second = node_ids()
+    entry = make_entry(1, num_layers=3, dtype=torch.bfloat16)
+    assert ray.get(put_as_worker.options(scheduling_strategy=on_node(first)).remote(entry)) == first
+    node, kv, tier = ray.get(get_as_worker.options(scheduling_strategy=on_node(second)).remote(entry.key))
+    assert node == second and tier == "shard"
+    assert torch.equal(kv, entry.kv)
+    home = home_shard(entry.key, shards)
+    assert ray.get(shards[home].locate.remote(entry.key)) == "ram"
+    ray.get(shards[home].flush.remote())
+    index = ray.get_actor("kvplane-location-index")
+    tiers = {loc.tier for loc in ray.get(index.lookup.remote([entry.key]))[entry.key] if loc.holder == home}
+    assert tiers == {"ram", "ssd"}
+
+
+def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle], make_entry: EntryFactory) -> None:
+    entries = [make_entry(seed) for seed in range(100, 110)]
+    directory = ShardDirectory.discover(index=ray.get_actor("kvplane-location-index"))
+    with open_worker_store(1, directory) as writer:
+        for entry in entries:
+            writer.put(entry)
+    victim = shard_name(node_ids()[0])
+    lost = [e for e in entries if home_shard(e.key, shards) == victim]
+    kept = [e for e in entries if home_shard(e.key, shards) != victim]
+    assert lost and kept
+    ray.kill(shards[victim], no_restart=True)
+    with pytest.raises(RayActorError):  # the kill lands asynchronously; wait until calls fail
+        while True:
+            ray.get(shards[victim].ping.remote(), timeout=30)
+
+    with open_worker_store(1, directory) as reader:
+        assert all(reader.get(e.key) is None for e in lost)
+        assert all(torch.equal(reader.get(e.key).kv, e.kv) for e in kept)
+        assert victim not in directory.live()
+        newcomer = make_entry(999)
+        reader.put(newcomer)
+        reader.flush()
+    survivor = next(iter(directory.live().values()))
+    assert ray.get(survivor.contains.remote(newcomer.key))
+    index = ray.get_actor("kvplane-location-index")
+    holders = {loc.holder for locs in ray.get(index.lookup.remote([e.key for e in lost])).values() for loc in locs}
+    assert victim not in holders
