@@ -5,6 +5,7 @@ magic, format version, header length and the header's xxh3 checksum; the header 
 fingerprint, dtype, shape, token ids, priority, per-layer offsets and per-layer xxh3 checksums, so
 one layer can be fetched with a byte-range read and checked on its own.
 """
+import math
 import struct
 from dataclasses import dataclass, replace
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 import xxhash
 
-from kvplane.buffers import host_view
+from kvplane.buffers import copy_bytes, host_view, new_blob
 from kvplane.entry import KVEntry
 
 FORMAT_VERSION = 1
@@ -73,7 +74,7 @@ class ChunkHeader:
     @property
     def layer_nbytes(self) -> int:
         """Bytes of one layer."""
-        return int(np.prod(self.layer_shape)) * self.torch_dtype.itemsize
+        return math.prod(self.layer_shape) * self.torch_dtype.itemsize
 
     @property
     def data_offset(self) -> int:
@@ -98,8 +99,8 @@ def encode(entry: KVEntry, priority: float = 1.0) -> torch.Tensor:
     # Checksums are packed fixed-width, so the header's length is known before they are computed.
     header_nbytes = len(_pack(_draft(entry, priority, 0, layer_nbytes, [0] * num_layers)))
     data_offset = _align(_PREFIX.size + header_nbytes)
-    blob = torch.empty(data_offset + entry.nbytes, dtype=torch.uint8)
-    blob[data_offset:].copy_(kv.reshape(-1).view(torch.uint8))
+    blob = new_blob(data_offset + entry.nbytes)
+    copy_bytes(blob[data_offset:], kv.reshape(-1).view(torch.uint8))
     view = host_view(blob)
     offsets = [data_offset + i * layer_nbytes for i in range(num_layers)]
     checksums = [xxhash.xxh3_64_intdigest(view[o : o + layer_nbytes]) for o in offsets]
@@ -165,8 +166,11 @@ def decode(blob: torch.Tensor, expected_key: str) -> tuple[ChunkHeader, torch.Te
         raise CodecError(f"truncated or padded: {blob.numel()} bytes, header says {header.total_bytes}")
     if any(host_view(blob[header_span(host_view(blob[: _PREFIX.size])) : header.data_offset])):
         raise CodecError("padding after the header is not zero")
-    for index, offset in enumerate(header.layer_offsets):
-        decode_layer(header, index, blob[offset : offset + header.layer_nbytes])
+    if blob.device.type == "cpu":  # device blobs: see decode_layer
+        view, layer_nbytes = host_view(blob), header.layer_nbytes
+        for index, (offset, checksum) in enumerate(zip(header.layer_offsets, header.layer_checksums)):
+            if xxhash.xxh3_64_intdigest(view[offset : offset + layer_nbytes]) != checksum:
+                raise CodecError(f"layer {index} of {header.key} fails its checksum")
     return header, blob[header.data_offset :].view(header.torch_dtype).view(header.shape)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import fsspec
 import torch
 
-from kvplane.buffers import host_view, owned_blob
+from kvplane.buffers import host_view, new_blob, owned_blob
 from kvplane.keys import is_chunk_key, key_dir, key_path
 from kvplane.tier import TierError
 
@@ -81,7 +81,7 @@ class LocalFileTier(FsspecTier):
         try:
             with _as_tier_error(self.name), self._fs.open(self._path(key), "rb") as file:
                 stop = file.size if end is None else min(end, file.size)
-                out = torch.empty(max(0, stop - start), dtype=torch.uint8)
+                out = new_blob(max(0, stop - start))
                 file.seek(start)
                 got = file.readinto(out.numpy())
         except FileNotFoundError:

@@ -1,10 +1,12 @@
 """A chunk read layer by layer, for the loader that overlaps loading with recompute."""
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from kvplane.codec import ChunkHeader
+from kvplane.buffers import copy_bytes, host_view, new_blob
+from kvplane.codec import HEADER_PROBE_BYTES, ChunkHeader, CodecError, decode_layer, header_span, parse_header
+from kvplane.level import Level
 
 
 class ChunkLost(LookupError):
@@ -31,3 +33,85 @@ class LayerStream:
     def num_layers(self) -> int:
         """Layers the stream yields."""
         return self.header.num_layers
+
+
+def find_header(
+    levels: Sequence[Level], key: str, first: int, like: ChunkHeader | None = None
+) -> tuple[int, ChunkHeader, torch.Tensor] | None:
+    """First level from `first` down with a sound header for `key` (holding `like`'s layers, if
+    given): its index, the header and the bytes read for it. Damaged headers are discarded."""
+    for index in range(first, len(levels)):
+        level = levels[index]
+        head = level.fetch(key, 0, HEADER_PROBE_BYTES)
+        if head is None:
+            continue
+        try:
+            head = _complete_head(level, key, head)
+            header = parse_header(host_view(head))
+            if header.key != key:
+                raise CodecError(f"header names {header.key}, not {key}")
+        except CodecError as err:
+            level.discard(key, err)
+            continue
+        if like is None or header.layer_checksums == like.layer_checksums:
+            return index, header, head
+    return None
+
+
+def stream_layers(
+    levels: Sequence[Level],
+    key: str,
+    index: int,
+    header: ChunkHeader,
+    head: torch.Tensor,
+    promote: Callable[[torch.Tensor, int], None],
+) -> Iterator[torch.Tensor]:
+    """Layers in order from `levels[index]`; a layer gone or damaged there is read from the next
+    level down that holds the chunk. A chunk served from below the top is assembled as it streams
+    (before the caller can overwrite a layer) and handed to `promote(blob, level index)` at the end."""
+    staging = _staging(header, head) if index > 0 else None
+    source = header
+    for layer_index, offset in enumerate(header.layer_offsets):
+        layer = _read_layer(levels[index], key, header, source, layer_index)
+        while layer is None:
+            found = find_header(levels, key, index + 1, header)
+            if found is None:
+                raise ChunkLost(f"{key}: layer {layer_index} is gone from every tier")
+            index, source, _ = found
+            layer = _read_layer(levels[index], key, header, source, layer_index)
+        if staging is not None:
+            copy_bytes(staging[offset : offset + header.layer_nbytes], layer.reshape(-1).view(torch.uint8))
+        yield layer
+    if staging is not None:
+        promote(staging, index)
+
+
+def _complete_head(level: Level, key: str, head: torch.Tensor) -> torch.Tensor:
+    """The probe, extended when the header is longer than the probe read."""
+    span = header_span(host_view(head))
+    if span <= head.numel() or head.numel() < HEADER_PROBE_BYTES:
+        return head
+    rest = level.fetch(key, head.numel(), span)
+    return head if rest is None else torch.cat([head, rest])
+
+
+def _read_layer(level: Level, key: str, header: ChunkHeader, source: ChunkHeader, index: int) -> torch.Tensor | None:
+    """Layer `index` as laid out in `source`, checked against `header`; None if gone or damaged."""
+    offset = source.layer_offsets[index]
+    data = level.fetch(key, offset, offset + header.layer_nbytes)
+    if data is None:
+        return None
+    try:
+        return decode_layer(header, index, data)
+    except CodecError as err:
+        level.discard(key, err)
+        return None
+
+
+def _staging(header: ChunkHeader, head: torch.Tensor) -> torch.Tensor:
+    """A blob to assemble the streamed chunk in, its header region filled from `head`."""
+    staging = new_blob(header.total_bytes)
+    known = min(head.numel(), header.data_offset)
+    copy_bytes(staging[:known], head[:known])
+    copy_bytes(staging[known : header.data_offset], torch.zeros(header.data_offset - known, dtype=torch.uint8))
+    return staging

@@ -3,6 +3,8 @@ from collections.abc import Iterator
 
 import torch
 
+from kvplane.buffers import clone_bytes
+
 
 class MemoryTier:
     """Blobs held as uint8 tensors on `device`; reads hand out private copies."""
@@ -20,7 +22,7 @@ class MemoryTier:
     def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
         """A copy of bytes `[start, end)`: callers may write into what they get (e.g. re-rotate K)."""
         blob = self._blobs.get(key)
-        return None if blob is None else blob[start:end].clone()
+        return None if blob is None else clone_bytes(blob[start:end])
 
     def delete(self, key: str) -> None:
         """Drop `key`."""

@@ -1,7 +1,8 @@
 """The store a worker process holds: its device tier over its cluster's shards and the object store."""
 from kvplane.shard_directory import ShardDirectory
 from kvplane.shard_tier import ShardTier
-from kvplane.store import PlacementListener, TieredStore
+from kvplane.level import PlacementListener
+from kvplane.store import TieredStore
 from kvplane.tier import Tier
 from kvplane.tier_spec import TierSpec, open_tier
 
