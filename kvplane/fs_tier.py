@@ -20,7 +20,8 @@ class FsspecTier:
         self.name = name
         self.capacity_bytes = capacity_bytes
         self.url = url
-        self._fs, self._root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        # No listings cache: other nodes write to shared buckets, and a cached listing would hide them.
+        self._fs, self._root = fsspec.core.url_to_fs(url, **{"use_listings_cache": False, **(storage_options or {})})
 
     def put(self, key: str, blob: torch.Tensor) -> None:
         """Write the blob in one request."""

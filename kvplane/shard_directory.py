@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 import ray
 from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
 
 from kvplane.rendezvous import home_shard
 from kvplane.shard import SHARD_NAME_PREFIX
@@ -24,14 +25,13 @@ class ShardDirectory:
     @classmethod
     def discover(cls, index: ActorHandle | None = None) -> "ShardDirectory":
         """The shards registered under their names in this Ray namespace."""
-        shards = {}
-        for name in ray.util.list_named_actors():
-            if name.startswith(SHARD_NAME_PREFIX):
-                try:
-                    shards[name] = ray.get_actor(name)
-                except ValueError:  # died between listing and lookup
-                    continue
-        return cls(shards, index)
+        return cls(_registered_shards(), index)
+
+    def refresh(self) -> None:
+        """Re-read the registered shards: new nodes join, restarted shards return, dead ones leave."""
+        shards = _registered_shards()
+        with self._lock:
+            self._live = shards
 
     def home(self, key: str) -> tuple[str, ActorHandle] | None:
         """The live shard `key` belongs to, by name and handle, or None when no shard is live."""
@@ -44,6 +44,16 @@ class ShardDirectory:
         with self._lock:
             return dict(self._live)
 
+    def invalidate(self, fingerprint: str) -> int:
+        """Remove a fingerprint's chunks from every live shard (wherever hashing put them); returns the count."""
+        removed = 0
+        for name, shard in self.live().items():
+            try:
+                removed += ray.get(shard.invalidate.remote(fingerprint))
+            except RayActorError:
+                self.mark_dead(name)
+        return removed
+
     def mark_dead(self, name: str) -> None:
         """Take a shard out of the hashing after a failed call."""
         with self._lock:
@@ -52,3 +62,14 @@ class ShardDirectory:
             _log.warning("kvplane: shard %s is unreachable; its keys now hash to the next shard", name)
             if self._index is not None:
                 self._index.drop_holder.remote(name)
+
+
+def _registered_shards() -> dict[str, ActorHandle]:
+    shards = {}
+    for name in ray.util.list_named_actors():
+        if name.startswith(SHARD_NAME_PREFIX):
+            try:
+                shards[name] = ray.get_actor(name)
+            except ValueError:  # died between listing and lookup
+                continue
+    return shards

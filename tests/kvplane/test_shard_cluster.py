@@ -15,7 +15,7 @@ from kvplane.rendezvous import home_shard
 from kvplane.shard import ShardConfig, launch_shards, shard_name
 from kvplane.shard_directory import ShardDirectory
 from kvplane.worker_store import open_worker_store
-from tests.kvplane.conftest import EntryFactory
+from tests.kvplane.conftest import FINGERPRINT, EntryFactory
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +95,11 @@ def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle
         reader.flush()
     survivor = next(iter(directory.live().values()))
     assert ray.get(survivor.contains.remote(newcomer.key))
+    directory.refresh()
+    assert set(directory.live()) == set(shards) - {victim}
+    assert directory.invalidate(FINGERPRINT) >= len(kept) + 1
+    with open_worker_store(1, directory) as reader:
+        assert all(reader.get(e.key) is None for e in [*kept, newcomer])
     index = ray.get_actor("kvplane-location-index")
     holders = {loc.holder for locs in ray.get(index.lookup.remote([e.key for e in lost])).values() for loc in locs}
     assert victim not in holders
