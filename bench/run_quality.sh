@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Reproduces docs/quality.md: both datasets with every mode, then the ratio sweep. Run from the repo root.
+# Reproduces docs/quality.md: both datasets with every mode, the ratio sweep, and the design study.
+# Run from the repo root after `make setup`. Takes about two hours on 2 CPU cores.
 set -euo pipefail
 MODES=full_prefill,prefix_cache,full_reuse,epic,cacheblend,cachecraft
-MUSIQUE_LIMIT=${1:-100}
-.venv/bin/blendserve eval --data ../shared/data/musique_cacheblend.dev.jsonl --limit "$MUSIQUE_LIMIT" \
+DATA=../shared/data
+.venv/bin/blendserve eval --data $DATA/musique_cacheblend.dev.jsonl \
     --modes $MODES --ratio 0.15 --out docs/results/musique_cacheblend.json
-.venv/bin/blendserve eval --data ../shared/data/hotpotqa_hipporag.dev.jsonl \
+.venv/bin/blendserve eval --data $DATA/hotpotqa_hipporag.dev.jsonl \
     --modes $MODES --ratio 0.15 --out docs/results/hotpotqa_hipporag.json
-.venv/bin/python bench/quality_sweep.py --data ../shared/data/musique_cacheblend.dev.jsonl --limit 10 \
+.venv/bin/python bench/quality_sweep.py --data $DATA/musique_cacheblend.dev.jsonl --limit 5 \
     --out docs/results/quality_sweep.json --plot docs/quality_sweep.png
+.venv/bin/python bench/fusion_study.py --data $DATA/musique_cacheblend.dev.jsonl --limit 4 \
+    --out docs/results/fusion_study.json
