@@ -1,5 +1,4 @@
-"""`blendserve bench store`: put/get throughput and per-layer read latency of each kvplane tier, next
-to a plain numpy copy and a plain sequential file read of the same bytes, measured in the same run."""
+"""`blendserve bench store`: throughput and per-layer latency of each tier, beside copy and read references."""
 import json
 import os
 import statistics
@@ -35,7 +34,10 @@ def run_store_benchmark(tiers: list[str], size_mb: int, out: Path) -> dict:
     payload_bytes = sum(entry.nbytes for entry in entries)
     with ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvplane-bench-")))
-        results = {name: _measure_tier(stack.enter_context(_TIER_SPECS[name](scratch, 4 * payload_bytes)), entries) for name in tiers}
+        results = {}
+        for name in tiers:
+            spec = stack.enter_context(_TIER_SPECS[name](scratch, 4 * payload_bytes))
+            results[name] = _measure_tier(spec, entries)
         reference = _measure_reference(entries, scratch)
     result = {
         "tiers": results,
@@ -127,8 +129,7 @@ def _layer_latencies_ms(store: TieredStore, key: str) -> list[float]:
 
 
 def _measure_reference(entries: list[KVEntry], scratch: Path) -> dict[str, float]:
-    """A numpy copy of each chunk's bytes into new memory (as a get must hand out), and one sequential
-    read of a file holding the same bytes (page cache warm, as for the SSD tier)."""
+    """Copy and sequential-read speeds of the same bytes (page cache warm, as for the SSD tier)."""
     arrays = [entry.kv.reshape(-1).view(torch.uint8).numpy() for entry in entries]
     payload_bytes = sum(array.nbytes for array in arrays)
     path = scratch / "reference.bin"
@@ -136,19 +137,17 @@ def _measure_reference(entries: list[KVEntry], scratch: Path) -> dict[str, float
         for array in arrays:
             file.write(array)
     targets = [np.empty_like(array) for array in arrays]
-    memcpy_gbps = [payload_bytes / _seconds(lambda: [np.copy(array) for array in arrays]) / 1e9 for _ in range(NUM_ROUNDS)]
-    into_gbps = [
-        payload_bytes / _seconds(lambda: [np.copyto(t, a) for t, a in zip(targets, arrays)]) / 1e9 for _ in range(NUM_ROUNDS)
-    ]
-    file_gbps = [payload_bytes / _seconds(path.read_bytes) / 1e9 for _ in range(NUM_ROUNDS)]
-    readinto_gbps = [payload_bytes / _seconds(lambda: _read_into_numpy(path)) / 1e9 for _ in range(NUM_ROUNDS)]
+
+    def gbps(work: Callable[[], object]) -> float:
+        return statistics.median(payload_bytes / _seconds(work) / 1e9 for _ in range(NUM_ROUNDS))
+
     return {
-        "memcpy_gbps": statistics.median(memcpy_gbps),
-        "file_read_gbps": statistics.median(file_gbps),
+        "memcpy_gbps": gbps(lambda: [np.copy(array) for array in arrays]),
+        "file_read_gbps": gbps(path.read_bytes),
         # Two stricter bounds. Copying into memory already mapped skips first-touch page faults (no get
         # can: it hands out new memory); reading into a numpy buffer gets huge pages, as the SSD tier does.
-        "memcpy_into_existing_gbps": statistics.median(into_gbps),
-        "file_readinto_numpy_gbps": statistics.median(readinto_gbps),
+        "memcpy_into_existing_gbps": gbps(lambda: [np.copyto(t, a) for t, a in zip(targets, arrays)]),
+        "file_readinto_numpy_gbps": gbps(lambda: _read_into_numpy(path)),
     }
 
 

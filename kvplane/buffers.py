@@ -16,11 +16,9 @@ def owned_blob(data: bytes | bytearray | memoryview | np.ndarray) -> torch.Tenso
 
 
 def copy_bytes(target: torch.Tensor, source: torch.Tensor) -> None:
-    """Copy `source` into `target` (same byte length); host-to-host goes through numpy.
-
-    torch's own CPU copy fans out over its thread pool, which stalls for milliseconds when the cores
-    are busy with model work; a single-threaded memcpy runs at memory speed regardless.
-    """
+    """Copy `source` into `target` (same byte length); host-to-host goes through numpy."""
+    # torch's CPU copy fans out over its thread pool, which stalls for milliseconds when the cores are
+    # busy with model work; a single-threaded memcpy runs at memory speed regardless.
     if target.device.type == "cpu" and source.device.type == "cpu":
         np.copyto(target.numpy(), source.numpy())
     else:
@@ -28,11 +26,9 @@ def copy_bytes(target: torch.Tensor, source: torch.Tensor) -> None:
 
 
 def new_blob(nbytes: int) -> torch.Tensor:
-    """An uninitialised host blob.
-
-    Allocated by numpy, which asks for transparent huge pages on large buffers: first-touch page
-    faults, the main cost of handing out fresh memory, drop several-fold against torch.empty.
-    """
+    """An uninitialised host blob."""
+    # numpy asks for transparent huge pages on large buffers: first-touch page faults, the main cost
+    # of handing out fresh memory, drop several-fold against torch.empty.
     return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
 
 

@@ -1,13 +1,12 @@
-"""Chunk KV <-> bytes: a fixed prefix, a msgpack header, then layer-contiguous tensor bytes.
+"""Chunk KV <-> bytes: a fixed prefix, a msgpack header, then layer-contiguous tensor bytes."""
 
-Layout: `prefix | header | zero padding to 64 bytes | layer 0 | layer 1 | ...`. The prefix is
-magic, format version, header length and the header's xxh3 checksum; the header carries the key,
-fingerprint, dtype, shape, token ids, priority, per-layer offsets and per-layer xxh3 checksums, so
-one layer can be fetched with a byte-range read and checked on its own.
-"""
+# Layout: `prefix | header | zero padding to 64 bytes | layer 0 | layer 1 | ...`. The prefix is
+# magic, format version, flags, header length and the header's xxh3 checksum; the header carries the
+# key, fingerprint, dtype, shape, token ids, priority, per-layer offsets and per-layer xxh3 checksums,
+# so one layer can be fetched with a byte-range read and checked on its own.
 import math
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import msgpack
 import numpy as np

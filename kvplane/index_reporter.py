@@ -8,8 +8,7 @@ from kvplane.location_index import PlacementEvent
 
 
 class IndexReporter:
-    """A store listener that batches (key, tier, bytes) events for one holder and sends them
-    fire-and-forget; a batch goes when it is full or `interval_s` has passed since the last one."""
+    """A store listener batching one holder's events; a batch goes when full or `interval_s` old."""
 
     def __init__(
         self,

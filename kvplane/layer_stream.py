@@ -38,8 +38,8 @@ class LayerStream:
 def find_header(
     levels: Sequence[Level], key: str, first: int, like: ChunkHeader | None = None
 ) -> tuple[int, ChunkHeader, torch.Tensor] | None:
-    """First level from `first` down with a sound header for `key` (holding `like`'s layers, if
-    given): its index, the header and the bytes read for it. Damaged headers are discarded."""
+    """(index, header, bytes read) of the first level from `first` with a sound header for `key`."""
+    # With `like`, only a copy holding the same layers will do; damaged headers are discarded.
     for index in range(first, len(levels)):
         level = levels[index]
         head = level.fetch(key, 0, HEADER_PROBE_BYTES)
@@ -66,9 +66,9 @@ def stream_layers(
     head: torch.Tensor,
     promote: Callable[[torch.Tensor, int], None],
 ) -> Iterator[torch.Tensor]:
-    """Layers in order from `levels[index]`; a layer gone or damaged there is read from the next
-    level down that holds the chunk. A chunk served from below the top is assembled as it streams
-    (before the caller can overwrite a layer) and handed to `promote(blob, level index)` at the end."""
+    """Layers in order from `levels[index]`, falling back to lower levels for a lost or damaged one."""
+    # A chunk served from below the top is assembled as it streams (before the caller can overwrite a
+    # layer) and handed to `promote(blob, level index)` at the end.
     staging = _staging(header, head) if index > 0 else None
     source = header
     for layer_index, offset in enumerate(header.layer_offsets):

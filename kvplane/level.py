@@ -17,8 +17,9 @@ _log = logging.getLogger(__name__)
 
 
 class Level:
-    """Bookkeeping around one tier's I/O: admission, counters, listener events. A failing backend
-    (TierError) is counted and read as absence; policy state is guarded by a lock, I/O is not."""
+    """Admission, counters and listener events around one tier; a TierError reads as absence."""
+
+    # Policy state and counters are guarded by `lock`; tier I/O runs outside it.
 
     def __init__(self, tier: Tier, policy: EvictionPolicy, listener: PlacementListener) -> None:
         self.tier = tier

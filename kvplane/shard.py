@@ -46,8 +46,7 @@ def shard_name(node_id: str) -> str:
 
 
 class ShardServer:
-    """A TieredStore answering the Tier calls with numpy blobs, which Ray moves through its object
-    store without pickling copies; placements are reported to the location index if one is given."""
+    """A node's TieredStore answering the Tier calls with numpy blobs (zero-copy through Ray)."""
 
     def __init__(self, config: ShardConfig, node_id: str, index: ActorHandle | None = None) -> None:
         self.name = shard_name(node_id)

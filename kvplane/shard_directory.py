@@ -14,8 +14,7 @@ _log = logging.getLogger(__name__)
 
 
 class ShardDirectory:
-    """KVShard handles by name; a shard marked dead leaves the hashing (its keys move to the next
-    shard in rendezvous order) and, given an index, its entries leave the location index."""
+    """Live KVShard handles by name; a dead shard leaves the hashing and the location index."""
 
     def __init__(self, shards: Mapping[str, ActorHandle], index: ActorHandle | None = None) -> None:
         self._live = dict(shards)

@@ -15,8 +15,7 @@ _UNREACHABLE = object()
 
 
 class ShardTier:
-    """Every key lives on its rendezvous home shard. A dead or unreachable shard reads as a miss,
-    is dropped from the directory, and a write moves on to the key's next shard."""
+    """Keys live on their rendezvous home shard; a dead shard is a miss, and writes move on."""
 
     def __init__(
         self, directory: ShardDirectory, name: str = "shard", capacity_bytes: int = 1 << 62, timeout_s: float = 30.0

@@ -7,10 +7,9 @@ _MAX_COUNT = 15
 
 
 class FrequencySketch:
-    """Count-min sketch with 4-bit saturating counters, halved every `sample_factor * width` additions.
+    """Count-min sketch with 4-bit saturating counters, halved every `sample_factor * width` additions."""
 
-    Halving makes old popularity fade, so a chunk that was hot last hour does not block today's.
-    """
+    # Halving makes old popularity fade, so a chunk that was hot last hour does not block today's.
 
     def __init__(self, num_counters: int, sample_factor: int = 10) -> None:
         if num_counters < 1 or sample_factor < 1:

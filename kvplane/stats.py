@@ -1,5 +1,5 @@
 """Counters a store keeps per tier."""
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(slots=True)
@@ -33,7 +33,8 @@ class StoreStats:
 
     def as_dict(self) -> dict[str, object]:
         """Plain nested dict (for JSON and metrics)."""
+        tiers = {name: {**asdict(stats), "hit_rate": stats.hit_rate} for name, stats in self.tiers.items()}
         return {
-            "tiers": {name: {**{f: getattr(s, f) for f in s.__slots__}, "hit_rate": s.hit_rate} for name, s in self.tiers.items()},
+            "tiers": tiers,
             "write_back_errors": self.write_back_errors,
         }

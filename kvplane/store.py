@@ -23,13 +23,12 @@ def _ignore_placement(key: str, tier: str, nbytes: int) -> None:
 
 
 class TieredStore:
-    """Chunks by content key over tiers, fastest first.
+    """Chunks by content key over tiers, fastest first; thread-safe."""
 
-    Writes land in the top tier now and in every lower tier in the background (so the slow, durable
-    tiers hold everything). Each tier's policy decides what it keeps; an evicted key moves one tier
-    down unless that tier already holds it; a hit below the top is promoted upward in the background.
-    Corrupt or truncated entries are deleted and read as misses. Thread-safe.
-    """
+    # Writes land in the top tier now and in every lower tier in the background, so the slow, durable
+    # tiers hold everything. Each tier's policy decides what it keeps; an evicted key moves one tier
+    # down unless that tier already holds it; a hit below the top is promoted upward in the
+    # background. Corrupt or truncated entries are deleted and read as misses.
 
     def __init__(
         self,
@@ -94,11 +93,9 @@ class TieredStore:
         return None
 
     def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
-        """Raw encoded bytes `[start, end)` from the fastest tier holding `key` (what a shard serves).
-
-        A read from offset 0 is a lookup: it counts as hit or miss and promotes in the background.
-        Checksums are left to the reader, who decodes.
-        """
+        """Raw encoded bytes `[start, end)` from the fastest tier holding `key` (what a shard serves)."""
+        # A read from offset 0 is a lookup: it counts as hit or miss and promotes in the background.
+        # Checksums are left to the reader, who decodes.
         for index, level in enumerate(self._levels):
             data = level.fetch(key, start, end)
             if data is None:
@@ -116,11 +113,9 @@ class TieredStore:
         return None
 
     def read_layers(self, key: str) -> LayerStream | None:
-        """The chunk layer by layer (`[2, T, H_kv, D]` each) from the fastest tier holding it, or None.
-
-        Each layer is one byte-range read, checked against its checksum before it is yielded. A layer
-        lost mid-stream is read from a lower tier; iteration raises ChunkLost only when none has it.
-        """
+        """The chunk layer by layer (`[2, T, H_kv, D]` each) from the fastest tier holding it, or None."""
+        # Each layer is one byte-range read, checked before it is yielded. A layer lost mid-stream is
+        # read from a lower tier; iteration raises ChunkLost only when no tier has it.
         found = find_header(self._levels, key, 0)
         if found is None:
             self._count_miss(key)

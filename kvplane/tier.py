@@ -10,8 +10,10 @@ class TierError(OSError):
 
 
 class Tier(Protocol):
-    """One storage level. Blobs are 1-D uint8 tensors; `put` may keep the blob it is given (callers
-    never mutate a blob after handing it over), and `read` returns a buffer the caller owns."""
+    """One storage level holding blobs (1-D uint8 tensors) by key."""
+
+    # `put` may keep the blob it is given (callers never mutate a blob after handing it over), and
+    # `read` returns a buffer the caller owns.
 
     name: str
     capacity_bytes: int

@@ -4,12 +4,11 @@ from kvplane.sketch import FrequencySketch
 
 
 class TinyLFUPolicy:
-    """A small LRU window feeds a segmented-LRU main area (probation + protected).
+    """A small LRU window feeding a segmented-LRU main area (probation + protected)."""
 
-    A key leaving the window enters main only if its score beats that of every main victim it
-    would displace; score = estimated recent frequency x priority. One-off chunks have frequency
-    ~1, so they die in the window instead of pushing out chunks that are read again and again.
-    """
+    # A key leaving the window enters main only if its score beats that of every main victim it would
+    # displace; score = estimated recent frequency x priority. One-off chunks have frequency ~1, so
+    # they die in the window instead of pushing out chunks that are read again and again.
 
     def __init__(
         self,

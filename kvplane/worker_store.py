@@ -15,8 +15,7 @@ def open_worker_store(
     listener: PlacementListener | None = None,
     write_back_threads: int = 2,
 ) -> TieredStore:
-    """Tiers `device` (GPU HBM, or host memory without a GPU), then `shard` (the key's home node
-    shard, if a directory is given), then the shared object store (if given)."""
+    """A worker's store: `device` (HBM, or host memory), then `shard` and the object store if given."""
     tiers: list[Tier] = [open_tier(TierSpec("device", "device://", device_capacity_bytes, policy))]
     policies = [policy]
     if directory is not None:

@@ -84,7 +84,11 @@ _DAMAGE = settings(max_examples=150, deadline=None, suppress_health_check=[Healt
 
 
 @_DAMAGE
-@given(position=st.floats(0, 1, exclude_max=True), flip=st.integers(1, 255), dtype=st.sampled_from([torch.bfloat16, torch.float32]))
+@given(
+    position=st.floats(0, 1, exclude_max=True),
+    flip=st.integers(1, 255),
+    dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+)
 def test_any_flipped_byte_is_detected(make_entry: EntryFactory, position: float, flip: int, dtype: torch.dtype) -> None:
     entry = make_entry(9, num_layers=2, dtype=dtype)
     blob = encode(entry)

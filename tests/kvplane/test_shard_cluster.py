@@ -1,6 +1,5 @@
 """Node shards on a real two-node Ray cluster: cross-node reads, the location index, shard loss."""
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import ray

@@ -15,7 +15,7 @@ def test_device_tier_falls_back_to_host_memory_without_a_gpu() -> None:
     assert open_tier(TierSpec("device", "device://cpu", 1 << 20)).device == torch.device("cpu")
 
 
-def test_a_chunk_written_by_one_worker_is_found_by_another_through_s3(make_entry: EntryFactory, s3_spec: TierSpec) -> None:
+def test_a_chunk_written_by_one_worker_is_found_via_s3(make_entry: EntryFactory, s3_spec: TierSpec) -> None:
     entry = make_entry(1, dtype=torch.bfloat16)
     with open_worker_store(1 << 20, object_store=s3_spec) as writer:
         writer.put(entry, priority=0.5)
