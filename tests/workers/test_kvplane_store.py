@@ -1,0 +1,39 @@
+"""The engine on kvplane's tiered store: misses written back, hits found again after a restart from SSD."""
+from pathlib import Path
+
+from kvplane.store import TieredStore
+from kvplane.tier_spec import TierSpec
+from workers.checkpoint import Checkpoint
+from workers.engine import BlendEngine, BlendRequest
+from workers.kvplane_store import KVPlaneChunkStore
+from workers.sampling import SamplingParams
+
+SHORT = SamplingParams(max_new_tokens=4)
+
+
+def open_store(directory: Path) -> TieredStore:
+    """A small RAM tier over a local-SSD tier in `directory`."""
+    specs = [TierSpec("ram", "ram://", 64 << 20), TierSpec("ssd", f"file://{directory}", 1 << 30)]
+    return TieredStore.from_specs(specs)
+
+
+def test_chunks_survive_a_restart_and_stay_per_model(checkpoint: Checkpoint, tmp_path: Path,
+                                                     qa_records: list[dict]) -> None:
+    documents, question = qa_records[0]["documents"], qa_records[0]["question"]
+    with open_store(tmp_path) as store:
+        engine = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
+        first = engine.generate(BlendRequest(documents, question, "cacheblend", 1.0, SHORT))
+        assert first.reused_tokens == 0  # cold: every chunk missed, then was written back
+        store.flush()
+
+    with open_store(tmp_path) as store:  # a fresh RAM tier: every hit below comes from the SSD files
+        assert store.recover() > 0
+        engine = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
+        again = engine.generate(BlendRequest(documents[::-1], question, "cacheblend", 1.0, SHORT))
+        reference = engine.generate(BlendRequest(documents[::-1], question, "full_prefill", 1.0, SHORT))
+        assert again.reused_tokens == again.context_tokens
+        assert again.token_ids == reference.token_ids
+
+        other_model = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, "another-fingerprint"))
+        cold = other_model.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT))
+        assert cold.reused_tokens == 0

@@ -1,0 +1,36 @@
+"""Chunk KV kept in kvplane's tiered store, keyed by content under the model fingerprint and a tenant."""
+import xxhash
+
+from kvplane.entry import KVEntry
+from kvplane.keys import chunk_key
+from kvplane.store import TieredStore
+from workers.chunk_kv import ChunkKV
+
+
+class KVPlaneChunkStore:
+    """The engine's ChunkStore over a TieredStore: RAM, SSD and object tiers, misses written back."""
+
+    def __init__(self, store: TieredStore, fingerprint: str, namespace: str = "default") -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.namespace = namespace
+
+    def key(self, token_ids: list[int], context_ids: list[int]) -> str:
+        """Content key; KV computed after a context differs from KV computed alone, so the context is in it."""
+        namespace = self.namespace
+        if context_ids:
+            context = b"".join(t.to_bytes(4, "little") for t in context_ids)
+            namespace = f"{namespace}\0context:{xxhash.xxh3_128_hexdigest(context)}"
+        return chunk_key(self.fingerprint, namespace, token_ids)
+
+    def get(self, token_ids: list[int], context_ids: list[int]) -> ChunkKV | None:
+        """The stored chunk, or None on a miss (a damaged entry is already a miss inside the store)."""
+        entry = self.store.get(self.key(token_ids, context_ids))
+        if entry is None or entry.token_ids != list(token_ids):
+            return None
+        return ChunkKV(entry.token_ids, entry.kv, base_position=len(context_ids))
+
+    def put(self, chunk: ChunkKV, context_ids: list[int]) -> None:
+        """Write the chunk to the top tier now and to the lower tiers in the background."""
+        key = self.key(chunk.token_ids, context_ids)
+        self.store.put(KVEntry(key, chunk.kv.contiguous(), list(chunk.token_ids), self.fingerprint))
