@@ -3,7 +3,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from workers.checkpoint import Checkpoint
+from workers.decode import iter_decode
 from workers.runner import ModelRunner
+from workers.sampling import SamplingParams
 
 
 def test_prefill_and_decode_logits_match_transformers(checkpoint: Checkpoint, runner: ModelRunner) -> None:
@@ -32,3 +34,19 @@ def test_forward_refuses_to_overflow_the_cache(runner: ModelRunner) -> None:
         assert "exceeds the cache capacity" in str(error)
     else:
         raise AssertionError("overflowing the cache must raise")
+
+
+def test_decode_stops_at_a_stop_token_or_max_tokens(checkpoint: Checkpoint, runner: ModelRunner) -> None:
+    ids = torch.tensor(checkpoint.tokenizer("Once upon a time", add_special_tokens=False).input_ids)
+
+    def run(params: SamplingParams) -> list[int]:
+        cache = runner.new_cache(len(ids) + params.max_new_tokens)
+        first_logits = runner.logits(runner.forward(ids, cache, 0))[-1]
+        return list(iter_decode(runner, cache, first_logits, params))
+
+    free = run(SamplingParams(max_new_tokens=5))
+    assert len(free) == 5
+    assert run(SamplingParams(max_new_tokens=5, stop_token_ids=(free[2],)))[:3] == free[:3]
+    assert len(run(SamplingParams(max_new_tokens=5, stop_token_ids=(free[2],)))) == free.index(free[2]) + 1
+    sampled = run(SamplingParams(max_new_tokens=5, temperature=0.8, seed=3))
+    assert sampled == run(SamplingParams(max_new_tokens=5, temperature=0.8, seed=3))
