@@ -1,0 +1,471 @@
+"""HTTP API models: OpenAI-compatible requests and responses, extended with `documents` and `blend`."""
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from cluster.config import LimitsConfig, field_problems
+from workers.fusion.registry import FUSION_MODES
+
+MAX_STOP_SEQUENCES = 4
+MAX_TEMPERATURE = 2.0
+_ONE_QUESTION = (
+    "must be the only message: the API answers one user question over the documents; system messages and "
+    "earlier turns are not supported yet (the configured prompt template supplies the instruction)"
+)
+
+
+class ApiError(Exception):
+    """A refused request: HTTP status and an OpenAI-style error whose message leads with the field path."""
+
+    def __init__(self, status_code: int, message: str, param: str | None = None, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The error object the `openai` client parses."""
+        error = {"message": self.message, "type": "invalid_request_error", "param": self.param, "code": self.code}
+        return {"error": error}
+
+
+def _limits(info: ValidationInfo) -> LimitsConfig:
+    """The configured limits passed as validation context (the defaults when validated without one)."""
+    context = info.context if isinstance(info.context, dict) else {}
+    return context.get("limits") or LimitsConfig()
+
+
+def _content_text(value: Any) -> Any:
+    """OpenAI message content: a string, or a list of text parts joined by newlines."""
+    if not isinstance(value, list):
+        return value
+    texts = []
+    for part in value:
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            raise ValueError("must be a string or a list of {'type': 'text', 'text': str} parts (text only)")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _stop_tuple(value: Any) -> Any:
+    """`stop`: absent, one string, or a list of strings, as a tuple."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list):
+        raise ValueError("must be a string or a list of strings")
+    return tuple(value)
+
+
+def _one_prompt(value: Any) -> Any:
+    """`prompt`: a string, or a list holding one string."""
+    if not isinstance(value, list):
+        return value
+    if len(value) != 1:
+        raise ValueError(f"must be one prompt (a string or a list of one string), got {len(value)}")
+    return value[0]
+
+
+def _check_max_tokens(value: int | None, info: ValidationInfo) -> int | None:
+    """A token budget within [1, limits.max_tokens]."""
+    limit = _limits(info).max_tokens
+    if value is not None and not 1 <= value <= limit:
+        raise ValueError(f"must be in [1, {limit}], got {value}")
+    return value
+
+
+def _non_empty(text: str) -> str:
+    """Text with at least one non-blank character."""
+    if not text.strip():
+        raise ValueError("must be a non-empty string")
+    return text
+
+
+class _Request(BaseModel):
+    """Request bodies: unknown fields and type coercion are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Document(_Request):
+    """One retrieved document; it becomes one chunk of the prompt, in list order."""
+
+    id: str | None = None
+    text: str
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        return None if value is None else _non_empty(value)
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return _non_empty(value)
+
+
+class BlendOptions(_Request):
+    """Per-request fusion choice; absent fields take the configured defaults."""
+
+    mode: str | None = None
+    recompute_ratio: float | None = None
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str | None) -> str | None:
+        if value is not None and value not in FUSION_MODES:
+            raise ValueError(f"must be one of {sorted(FUSION_MODES)}, got {value!r}")
+        return value
+
+    @field_validator("recompute_ratio")
+    @classmethod
+    def _ratio(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ValueError(f"must be in [0, 1], got {value}")
+        return value
+
+
+class StreamOptions(_Request):
+    """OpenAI `stream_options`: a final chunk with usage (and the blend stats) when `include_usage`."""
+
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Request):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = None
+    documents: list[Document] = Field(default_factory=list)
+    blend: BlendOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: Annotated[tuple[str, ...], BeforeValidator(_stop_tuple)] = ()
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    n: int = 1
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    @field_validator("documents")
+    @classmethod
+    def _documents(cls, value: list[Document], info: ValidationInfo) -> list[Document]:
+        limit = _limits(info).max_documents
+        if len(value) > limit:
+            raise ValueError(f"must hold at most {limit} documents, got {len(value)}")
+        return value
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _check_max_tokens(value, info)
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 <= value <= MAX_TEMPERATURE:
+            raise ValueError(f"must be in [0, {MAX_TEMPERATURE:g}], got {value}")
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 < value <= 1.0:
+            raise ValueError(f"must be in (0, 1], got {value}")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(value) > MAX_STOP_SEQUENCES or not all(value):
+            raise ValueError(f"must be at most {MAX_STOP_SEQUENCES} non-empty strings, got {list(value)}")
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"must be 1 (one choice per request), got {value}")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        if value not in (None, 0.0):
+            raise ValueError(f"must be 0 or absent (penalties are not supported), got {value}")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a chunk carrying usage and blend stats."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatMessage(_Request):
+    """One chat message; only text content is accepted."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[str | None, BeforeValidator(_content_text)] = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """`POST /v1/chat/completions`: the last message, from the user, is the question over `documents`."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, value: list[ChatMessage]) -> list[ChatMessage]:
+        if not value:
+            raise ValueError("must hold at least one message (the question, from the user)")
+        last = len(value) - 1
+        if value[last].role != "user":
+            role = value[last].role
+            raise ValueError(f"[{last}].role must be 'user' (the last message is the question), got {role!r}")
+        if last > 0:
+            raise ValueError(f"[0] {_ONE_QUESTION}")
+        if value[last].content is None or not value[last].content.strip():
+            raise ValueError(f"[{last}].content must be a non-empty string (the question)")
+        return value
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _max_completion_tokens(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("max_tokens") not in (None, value):
+            raise ValueError("must equal max_tokens when both are given")
+        return _check_max_tokens(value, info)
+
+    @property
+    def question(self) -> str:
+        """The last user message's text."""
+        return self.messages[-1].content or ""
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """`max_tokens`, or its newer name `max_completion_tokens`."""
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+
+
+class CompletionRequest(_GenerationRequest):
+    """`POST /v1/completions`: `prompt` is the question over `documents`."""
+
+    prompt: Annotated[str, BeforeValidator(_one_prompt)]
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str) -> str:
+        return _non_empty(value)
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("must be false (echo is not supported)")
+        return value
+
+    @property
+    def question(self) -> str:
+        """The prompt's text."""
+        return self.prompt
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """`max_tokens` as sent."""
+        return self.max_tokens
+
+
+class DocumentsRequest(_Request):
+    """`POST /v1/documents`: documents whose KV is computed and stored ahead of time (idempotent)."""
+
+    model: str | None = None
+    documents: list[Document]
+
+    @field_validator("documents")
+    @classmethod
+    def _documents(cls, value: list[Document], info: ValidationInfo) -> list[Document]:
+        limit = _limits(info).max_upload_documents
+        if not 1 <= len(value) <= limit:
+            raise ValueError(f"must hold 1 to {limit} documents, got {len(value)}")
+        return value
+
+
+class BlendStats(BaseModel):
+    """How a response was produced: the `blend` object of every response (more keys may be added)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ttft_s: float
+    mode: str
+    recompute_ratio: float
+    reused_tokens: dict[str, int]
+    recomputed_tokens: int
+    worker: str
+
+
+class PromptTokensDetails(BaseModel):
+    """OpenAI's breakdown of prompt tokens: those served from cache."""
+
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    """Token counts of one response."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @classmethod
+    def of(cls, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> "Usage":
+        """Usage with the total filled in."""
+        return cls(
+            prompt_tokens=num_prompt_tokens,
+            completion_tokens=num_completion_tokens,
+            total_tokens=num_prompt_tokens + num_completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached_tokens),
+        )
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class _Choice(BaseModel):
+    """The one choice of a response (n is always 1)."""
+
+    index: int = 0
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class _Response(BaseModel):
+    """Fields of every completion response and stream chunk; a stream's last chunk carries `usage` and `blend`."""
+
+    id: str
+    created: int
+    model: str
+    usage: Usage | None = None
+    blend: BlendStats | None = None
+
+
+class AssistantMessage(BaseModel):
+    """The generated answer."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Choice):
+    """The choice of a chat completion."""
+
+    message: AssistantMessage
+    finish_reason: FinishReason
+
+
+class ChatCompletion(_Response):
+    """Response of `POST /v1/chat/completions`."""
+
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+    blend: BlendStats
+
+
+class ChunkDelta(BaseModel):
+    """What one stream chunk adds to the answer."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Choice):
+    """The choice of a chat stream chunk."""
+
+    delta: ChunkDelta
+
+
+class ChatCompletionChunk(_Response):
+    """One server-sent event of a chat stream."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+
+
+class CompletionChoice(_Choice):
+    """The choice of a text completion (or of one of its stream chunks)."""
+
+    text: str
+
+
+class Completion(_Response):
+    """Response of `POST /v1/completions`, and each chunk of its stream."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class StoredDocument(BaseModel):
+    """Where one uploaded document's KV now lives."""
+
+    id: str | None
+    key: str
+    num_tokens: int
+    tiers: list[str]
+    computed: bool
+
+
+class DocumentsResponse(BaseModel):
+    """Response of `POST /v1/documents`, in request order."""
+
+    object: Literal["list"] = "list"
+    data: list[StoredDocument]
+
+
+class ModelCard(BaseModel):
+    """One served model."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "blendserve"
+
+
+class ModelList(BaseModel):
+    """Response of `GET /v1/models`."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+RequestT = TypeVar("RequestT", bound=_Request)
+
+
+def api_error(error: ValidationError) -> ApiError:
+    """A 400 whose message lists each problem as `field.path: problem`."""
+    problems = [(path or "body", problem) for path, problem in field_problems(error)]
+    return ApiError(400, "; ".join(f"{path}: {problem}" for path, problem in problems), problems[0][0])
+
+
+def parse_request(request_type: type[RequestT], body: bytes, limits: LimitsConfig) -> RequestT:
+    """Validate a raw JSON body against `request_type` and the configured limits (size first: 413)."""
+    if len(body) > limits.max_request_body_bytes:
+        message = f"body: {len(body)} bytes exceed the limit of {limits.max_request_body_bytes} bytes"
+        raise ApiError(413, message, None, "request_too_large")
+    try:
+        return request_type.model_validate_json(body, context={"limits": limits})
+    except ValidationError as error:
+        raise api_error(error) from None
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """Refuse (404, like OpenAI) a model other than the one served; an absent model means the served one."""
+    if requested is not None and requested != served:
+        message = f"model: unknown model {requested!r}; this server serves {served!r}"
+        raise ApiError(404, message, "model", "model_not_found")

@@ -1,0 +1,164 @@
+"""The sections of the serving configuration: frozen dataclasses, each validated on construction."""
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import fsspec
+
+from kvplane.policy import POLICIES
+from kvplane.tier_spec import TierSpec
+from scheduler.checks import check, check_count, check_non_negative
+from workers.default_model import DEFAULT_MODEL_NAME
+from workers.engine import CHUNK_CONTEXTS
+from workers.fusion.registry import FUSION_MODES
+from workers.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
+
+GiB = 1 << 30
+MiB = 1 << 20
+DTYPES = ("bfloat16", "float16", "float32")
+ENGINES = ("torch",)
+BUILTIN_TIER_SCHEMES = ("ram", "device")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Which checkpoint to serve and under which name; no path means the default SmolLM2-135M-Instruct."""
+
+    path: Path | None = None
+    name: str | None = None
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        check(self.name is None or bool(self.name.strip()), "name", "a non-empty string or null", self.name)
+        check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}", self.dtype)
+
+    @property
+    def served_name(self) -> str:
+        """The model id clients send: `name`, else the checkpoint folder's name, else the default model's."""
+        if self.name is not None:
+            return self.name
+        return self.path.name if self.path is not None else DEFAULT_MODEL_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """The engine behind each worker and what a chunk's cached KV is computed after."""
+
+    kind: str = "torch"
+    chunk_context: str = "prefix"
+
+    def __post_init__(self) -> None:
+        check(self.kind in ENGINES, "kind", f"one of {ENGINES}", self.kind)
+        check(self.chunk_context in CHUNK_CONTEXTS, "chunk_context", f"one of {CHUNK_CONTEXTS}", self.chunk_context)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptConfig:
+    """The RAG prompt: instruction, the documents in order, then the question through `question_template`."""
+
+    instruction: str = DEFAULT_INSTRUCTION
+    question_template: str = DEFAULT_QUESTION_TEMPLATE
+    use_chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        names = {name for _, name, _, _ in string.Formatter().parse(self.question_template) if name is not None}
+        check(names == {"question"}, "question_template", "a template whose only field is {question}", names)
+
+
+@dataclass(frozen=True, slots=True)
+class FusionConfig:
+    """Defaults for requests that do not say how to blend: fusion mode and recompute ratio."""
+
+    mode: str = "cacheblend"
+    recompute_ratio: float = 0.15
+
+    def __post_init__(self) -> None:
+        check(self.mode in FUSION_MODES, "mode", f"one of {sorted(FUSION_MODES)}", self.mode)
+        check(0.0 <= self.recompute_ratio <= 1.0, "recompute_ratio", "in [0, 1]", self.recompute_ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """One chunk-KV tier: its name (a tier the router weighs), fsspec URL, byte capacity and eviction policy."""
+
+    name: str
+    url: str
+    capacity_bytes: int
+    policy: str = "tinylfu"
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check(bool(self.name), "name", "a non-empty string", self.name)
+        scheme = self.url.split("://", 1)[0] if "://" in self.url else ""
+        known = scheme in BUILTIN_TIER_SCHEMES or scheme in fsspec.available_protocols()
+        check(known, "url", "a URL with a known scheme (ram://, device://, file://, s3://, ...)", self.url)
+        check_count("capacity_bytes", self.capacity_bytes, 0)
+        check(self.policy in POLICIES, "policy", f"one of {sorted(POLICIES)}", self.policy)
+        object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
+
+    def to_spec(self) -> TierSpec:
+        """The kvplane spec that opens this tier."""
+        return TierSpec(self.name, self.url, self.capacity_bytes, self.policy, dict(self.storage_options))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Worker replicas (a fixed count, or the initial count under autoscaling) and each one's Ray resources."""
+
+    num_replicas: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_count("num_replicas", self.num_replicas, 1)
+        check_non_negative("num_cpus", self.num_cpus)
+        check_non_negative("num_gpus", self.num_gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Where the HTTP API listens and the tenant of requests that name none."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    default_tenant: str = "default"
+
+    def __post_init__(self) -> None:
+        check(bool(self.host), "host", "a non-empty string", self.host)
+        check(isinstance(self.port, int) and 1 <= self.port <= 65535, "port", "an int in [1, 65535]", self.port)
+        check(bool(self.default_tenant), "default_tenant", "a non-empty string", self.default_tenant)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Bounds on one request; past them the API answers 4xx naming the field."""
+
+    max_documents: int = 64
+    max_upload_documents: int = 256
+    max_request_body_bytes: int = 4 * MiB
+    max_tokens: int = 1024
+    default_max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        check_count("max_documents", self.max_documents, 0)
+        check_count("max_upload_documents", self.max_upload_documents, 1)
+        check_count("max_request_body_bytes", self.max_request_body_bytes, 1)
+        check_count("max_tokens", self.max_tokens, 1)
+        check_count("default_max_tokens", self.default_max_tokens, 1)
+        check(
+            self.default_max_tokens <= self.max_tokens,
+            "default_max_tokens",
+            f"<= max_tokens ({self.max_tokens})",
+            self.default_max_tokens,
+        )
+
+
+def default_tiers(data_dir: Path) -> tuple[TierConfig, ...]:
+    """RAM, then local SSD under `data_dir/kv` (made absolute against the working directory)."""
+    return (
+        TierConfig("ram", "ram://", 1 * GiB),
+        TierConfig("ssd", f"file://{data_dir.absolute() / 'kv'}", 16 * GiB),
+    )
