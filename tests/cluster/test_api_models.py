@@ -7,18 +7,20 @@ from pydantic import ValidationError
 
 from cluster.api_models import (
     ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DocumentsRequest,
+    check_model,
+    parse_request,
+)
+from cluster.api_responses import (
     BlendStats,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     Completion,
-    CompletionRequest,
-    DocumentsRequest,
     DocumentsResponse,
     ModelList,
     Usage,
-    check_model,
-    parse_request,
 )
 from cluster.config import LimitsConfig, ServeConfig, config_from_dict
 from cluster.prompting import PreparedRequest, check_context_length, prepare_request, truncate_at_stop
