@@ -22,7 +22,8 @@ def prepare_model(cache_dir: Path = typer.Option(None, help="Where prepared chec
 @app.command("eval")
 def eval_command(
     data: Path = typer.Option(..., exists=True, dir_okay=False, help="A QA file in the shared JSONL schema."),
-    limit: int = typer.Option(None, min=1, help="Evaluate only the first N records."),
+    limit: int = typer.Option(None, min=1, help="Evaluate only N records."),
+    offset: int = typer.Option(0, min=0, help="Skip this many records first."),
     modes: str = typer.Option("full_prefill,full_reuse,cacheblend", help="Comma-separated fusion modes."),
     ratio: float = typer.Option(0.15, min=0.0, max=1.0, help="Recompute ratio for the selective modes."),
     out: Path = typer.Option(Path("eval.json"), help="Where to write the JSON result."),
@@ -42,7 +43,7 @@ def eval_command(
     unknown = [m for m in mode_names if m not in engine.modes]
     if unknown:
         raise typer.BadParameter(f"unknown mode(s) {unknown}; choose from {sorted(engine.modes)}", param_hint="--modes")
-    records = load_records(data, limit)
+    records = load_records(data, limit, offset)
     runs = [EvalRun(m, m, ratio) for m in dict.fromkeys(["full_prefill", *mode_names])]
     summaries, precompute_s = evaluate(
         engine, records, runs, max_new_tokens, lambda i, s: log.info("record %d/%d done", i + 1, len(records))

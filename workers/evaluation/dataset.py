@@ -14,13 +14,15 @@ class QARecord:
     documents: list[str]
 
 
-def load_records(path: Path, limit: int | None = None) -> list[QARecord]:
-    """The first `limit` records; a document is its title line (when there is one) and its text."""
+def load_records(path: Path, limit: int | None = None, offset: int = 0) -> list[QARecord]:
+    """`limit` records after the first `offset`; a document is its title line (when there is one) and its text."""
     records = []
     with open(path) as handle:
-        for line in handle:
+        for index, line in enumerate(handle):
             if limit is not None and len(records) >= limit:
                 break
+            if index < offset:
+                continue
             raw = json.loads(line)
             docs = [f"{c['title']}\n{c['text']}" if c.get("title") else c["text"] for c in raw["ctxs"]]
             records.append(QARecord(str(raw["id"]), raw["question"], list(raw["answers"]), docs))
