@@ -9,7 +9,7 @@ from workers.chunk_kv import ChunkKV, compute_chunk_kv
 from workers.chunk_store import ChunkStore, LocalChunkStore
 from workers.decode import iter_decode
 from workers.fusion.base import FusionOptions
-from workers.fusion.layout import BlendLayout
+from workers.fusion.layout import PREFIX, SUFFIX, BlendLayout
 from workers.fusion.registry import make_fusion_modes
 from workers.fusion.selective_pass import PrefillResult
 from workers.kv_cache import KVCache
@@ -73,9 +73,10 @@ class BlendEngine:
 
     def precompute(self, prompt: PromptLayout) -> int:
         """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""
-        missing = [ids for ids in [prompt.prefix_ids, *prompt.chunk_ids] if ids and self._lookup(ids, prompt) is None]
-        for ids in missing:
-            self._store(ids, prompt)
+        parts = [(prompt.prefix_ids, True)] + [(ids, False) for ids in prompt.chunk_ids]
+        missing = [(ids, is_prefix) for ids, is_prefix in parts if ids and self._lookup(ids, is_prefix, prompt) is None]
+        for ids, is_prefix in missing:
+            self._store(ids, is_prefix, prompt)
         return len(missing)
 
     def generate(self, request: BlendRequest) -> BlendResult:
@@ -96,7 +97,9 @@ class BlendEngine:
         ttft_s = time.perf_counter() - start_s
         token_ids = list(iter_decode(self.runner, cache, first_logits, sampling))
         if mode.reads_chunk_cache:
-            self.precompute(prompt)
+            for seg in layout.segments:
+                if seg.cached is None and seg.kind != SUFFIX:
+                    self._store(layout.token_ids[seg.start : seg.end].tolist(), seg.kind == PREFIX, prompt)
         reused = sum(s.num_tokens for s in layout.segments if s.cached is not None)
         return BlendResult(
             token_ids=token_ids,
@@ -128,18 +131,17 @@ class BlendEngine:
     def _blend_layout(self, prompt: PromptLayout, reads_cache: bool) -> BlendLayout:
         if not reads_cache:
             return BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None)
-        cached = [self._lookup(ids, prompt) for ids in prompt.chunk_ids]
-        prefix = self.store.get(prompt.prefix_ids, []) if prompt.prefix_ids else None
+        cached = [self._lookup(ids, False, prompt) for ids in prompt.chunk_ids]
+        prefix = self._lookup(prompt.prefix_ids, True, prompt) if prompt.prefix_ids else None
         return BlendLayout.build(prompt, cached, prefix)
 
-    def _context_ids(self, ids: list[int], prompt: PromptLayout) -> list[int]:
+    def _context_ids(self, is_prefix: bool, prompt: PromptLayout) -> list[int]:
         """What a chunk's KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""
-        return prompt.prefix_ids if self.chunk_context == "prefix" and ids is not prompt.prefix_ids else []
+        return prompt.prefix_ids if self.chunk_context == "prefix" and not is_prefix else []
 
-    def _lookup(self, ids: list[int], prompt: PromptLayout) -> ChunkKV | None:
-        return self.store.get(ids, self._context_ids(ids, prompt))
+    def _lookup(self, ids: list[int], is_prefix: bool, prompt: PromptLayout) -> ChunkKV | None:
+        return self.store.get(ids, self._context_ids(is_prefix, prompt))
 
-    def _store(self, ids: list[int], prompt: PromptLayout) -> None:
-        context = self._context_ids(ids, prompt)
+    def _store(self, ids: list[int], is_prefix: bool, prompt: PromptLayout) -> None:
+        context = self._context_ids(is_prefix, prompt)
         self.store.put(compute_chunk_kv(self.runner, ids, context), context)
-
