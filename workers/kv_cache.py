@@ -25,7 +25,3 @@ class KVCache:
         """Store fresh K and V of some tokens of one layer."""
         self.data[layer, 0, slots] = k
         self.data[layer, 1, slots] = v
-
-    def context(self, end: int | None = None) -> torch.Tensor:
-        """All layers' KV of slots [0, end). # [L, 2, N, H_kv, D]"""
-        return self.data[:, :, : self.length if end is None else end]
