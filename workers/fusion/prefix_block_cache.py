@@ -23,10 +23,10 @@ class PrefixBlockCache:
         self.capacity_blocks = capacity_blocks
         self.blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
 
-    def match(self, token_ids: list[int]) -> list[torch.Tensor]:
-        """The cached blocks of the longest cached prefix of token_ids, in order."""
+    def match(self, hashes: list[bytes]) -> list[torch.Tensor]:
+        """The cached blocks of the longest cached run of these chained block hashes, in order."""
         found = []
-        for h in block_hashes(token_ids, self.block_tokens):
+        for h in hashes:
             block = self.blocks.get(h)
             if block is None:
                 break
@@ -34,9 +34,9 @@ class PrefixBlockCache:
             found.append(block)
         return found
 
-    def insert(self, token_ids: list[int], kv: torch.Tensor) -> None:
-        """Remember the full blocks of a computed sequence. kv: [L, 2, N, H_kv, D] with N >= len(token_ids)."""
-        for i, h in enumerate(block_hashes(token_ids, self.block_tokens)):
+    def insert(self, hashes: list[bytes], kv: torch.Tensor) -> None:
+        """Remember a computed sequence's full blocks, given their hashes. kv: [L, 2, N, H_kv, D]"""
+        for i, h in enumerate(hashes):
             if h in self.blocks:
                 self.blocks.move_to_end(h)
                 continue

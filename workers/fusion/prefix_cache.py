@@ -3,7 +3,7 @@ import torch
 
 from workers.fusion.base import FusionMode, FusionOptions, all_positions
 from workers.fusion.layout import BlendLayout
-from workers.fusion.prefix_block_cache import PrefixBlockCache
+from workers.fusion.prefix_block_cache import PrefixBlockCache, block_hashes
 from workers.fusion.selective_pass import PrefillResult, selective_prefill
 from workers.kv_cache import KVCache
 from workers.runner import ModelRunner
@@ -21,14 +21,15 @@ class PrefixCache(FusionMode):
 
     def prefill(self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float) -> PrefillResult:
         """Load the matched prefix blocks, compute the rest, then remember this prompt's blocks."""
-        token_ids = layout.token_ids.tolist()
-        blocks = self.cache.match(token_ids[:-1])  # the last token is always computed: it yields the logits
+        hashes = block_hashes(layout.token_ids.tolist(), self.cache.block_tokens)  # hashed once per request
+        # The last token is always computed (it yields the logits), so only blocks before it may hit.
+        blocks = self.cache.match(hashes[: (layout.num_tokens - 1) // self.cache.block_tokens])
         num_hit = len(blocks) * self.cache.block_tokens
         if blocks:
             cache.data[:, :, :num_hit] = torch.cat(blocks, dim=2)
         layout.forced[:num_hit] = False
         result = selective_prefill(runner, layout, cache, self.initial(layout, ratio)[num_hit:])
-        self.cache.insert(token_ids, cache.data)
+        self.cache.insert(hashes, cache.data)
         return result
 
     def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
