@@ -14,6 +14,7 @@ class KVEntry:
     kv: torch.Tensor
     token_ids: list[int]
     fingerprint: str
+    source: str = ""  # the tier a read found it in ("" for an entry about to be stored)
 
     def __post_init__(self) -> None:
         if self.kv.dim() != 5 or self.kv.shape[1] != 2 or self.kv.shape[0] < 1:

@@ -8,7 +8,7 @@ import torch
 from kvplane.codec import CodecError
 from kvplane.policy import EvictionPolicy
 from kvplane.stats import TierStats
-from kvplane.tier import Tier, TierError
+from kvplane.tier import LabelledTier, Tier, TierError
 
 PlacementListener = Callable[[str, str, int], None]
 """Told (key, tier name, bytes) when a tier gains a key, and (key, tier name, 0) when it loses one."""
@@ -64,6 +64,21 @@ class Level:
         except TierError as err:
             self.count_error(err)
             return None
+
+    def hit_label(self) -> str:
+        """The tier that served this thread's last whole-blob fetch: an inner tier's name, else this one's."""
+        inner = self.tier.hit_label() if isinstance(self.tier, LabelledTier) else None
+        return inner or self.name
+
+    def label_of(self, key: str) -> str | None:
+        """The tier holding `key` (an inner tier's name for a tier over tiers), or None."""
+        if isinstance(self.tier, LabelledTier):
+            try:
+                return self.tier.label_of(key)
+            except TierError as err:
+                self.count_error(err)
+                return None
+        return self.name if self.holds(key) else None
 
     def holds(self, key: str) -> bool:
         """Whether the policy or, failing that, the tier itself knows `key`."""

@@ -67,6 +67,12 @@ class ShardServer:
         data = self._store.read(key, start, end)
         return None if data is None else data.numpy()
 
+    def read_located(self, key: str) -> tuple[str, np.ndarray] | None:
+        """The whole encoded chunk and the tier of this shard it was found in, or None."""
+        tier = self._store.locate(key)
+        data = self._store.read(key) if tier is not None else None
+        return None if data is None else (tier, data.numpy())
+
     def delete(self, key: str) -> None:
         """Remove `key` from this shard."""
         self._store.delete(key)
@@ -114,6 +120,19 @@ def launch_shards(config: ShardConfig, index: ActorHandle | None = None) -> dict
         ).remote(config, node_id, index)
     ray.get([shard.ping.remote() for shard in shards.values()])
     return shards
+
+
+def ensure_local_shard(config: ShardConfig, index: ActorHandle | None = None) -> ActorHandle:
+    """The KVShard of the node this process runs on, started (detached, outliving its starter) if absent."""
+    node_id = ray.get_runtime_context().get_node_id()
+    shard = KVShard.options(
+        name=shard_name(node_id),
+        get_if_exists=True,
+        lifetime="detached",
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(config, node_id, index)
+    ray.get(shard.ping.remote())
+    return shard
 
 
 def _alive_node_ids() -> Iterator[str]:

@@ -88,7 +88,7 @@ class TieredStore:
             if index > 0:
                 # `kv` views `blob` and belongs to the caller now; promotion gets its own copy.
                 self._writer.submit(self._promote, key, clone_bytes(blob), header.priority, index)
-            return KVEntry(key, kv, header.token_ids, header.fingerprint)
+            return KVEntry(key, kv, header.token_ids, header.fingerprint, level.hit_label())
         self._count_miss(key)
         return None
 
@@ -132,6 +132,10 @@ class TieredStore:
     def locate(self, key: str) -> str | None:
         """Name of the fastest tier holding `key`, or None."""
         return next((level.name for level in self._levels if level.holds(key)), None)
+
+    def tiers_holding(self, key: str) -> list[str]:
+        """Every tier holding `key`, fastest first (inner tiers named for a tier over the node shards)."""
+        return [label for level in self._levels if (label := level.label_of(key)) is not None]
 
     def contains(self, key: str) -> bool:
         """Whether any tier holds `key`."""

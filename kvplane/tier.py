@@ -1,6 +1,6 @@
 """The storage interface every tier implements: blobs by key, whole or by byte range."""
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -32,3 +32,14 @@ class Tier(Protocol):
 
     def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """Keys starting with `prefix`, with their blob sizes."""
+
+
+@runtime_checkable
+class LabelledTier(Protocol):
+    """A tier over other tiers (the node shards) that names which one served a key."""
+
+    def hit_label(self) -> str | None:
+        """Which inner tier served this thread's last whole-blob read."""
+
+    def label_of(self, key: str) -> str | None:
+        """Which inner tier holds `key`, or None."""

@@ -14,14 +14,20 @@ def open_worker_store(
     policy: str = "tinylfu",
     listener: PlacementListener | None = None,
     write_back_threads: int = 2,
+    local_node_id: str | None = None,
 ) -> TieredStore:
-    """A worker's store: `device` (HBM, or host memory), then `shard` and the object store if given."""
-    tiers: list[Tier] = [open_tier(TierSpec("device", "device://", device_capacity_bytes, policy))]
-    policies = [policy]
+    """A worker's store: `device` (HBM, or host memory; skipped at capacity 0), then the shards and objects."""
+    tiers: list[Tier] = []
+    policies: list[str] = []
+    if device_capacity_bytes > 0:
+        tiers.append(open_tier(TierSpec("device", "device://", device_capacity_bytes, policy)))
+        policies.append(policy)
     if directory is not None:
-        tiers.append(ShardTier(directory))
+        tiers.append(ShardTier(directory, local_node_id=local_node_id))
         policies.append("passthrough")
     if object_store is not None:
         tiers.append(open_tier(object_store))
         policies.append(object_store.policy)
+    if not tiers:
+        raise ValueError("a worker store needs a device tier, the shards or an object store")
     return TieredStore(tiers, policies, write_back_threads, listener)

@@ -13,6 +13,7 @@ class ChunkKV:
     token_ids: list[int]
     kv: torch.Tensor  # [L, 2, T, H_kv, D]
     base_position: int = 0
+    source_tier: str = "computed"  # where a store found it; "computed" for KV made here
 
     def __post_init__(self) -> None:
         if self.kv.dim() != 5 or self.kv.shape[1] != 2 or self.kv.shape[2] != len(self.token_ids):

@@ -1,13 +1,16 @@
 """The reference torch engine: lay out a RAG request, fuse cached chunk KV with the chosen mode, decode."""
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from workers.checkpoint import Checkpoint
 from workers.chunk_kv import ChunkKV, compute_chunk_kv
-from workers.chunk_store import ChunkStore, LocalChunkStore
+from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore
 from workers.decode import iter_decode
+from workers.engine_base import Engine, StoredChunk
 from workers.fusion.base import FusionOptions
 from workers.fusion.layout import PREFIX, SUFFIX, BlendLayout
 from workers.fusion.registry import make_fusion_modes
@@ -22,13 +25,34 @@ CHUNK_CONTEXTS = ("alone", "prefix")
 
 @dataclass(frozen=True, slots=True)
 class BlendRequest:
-    """A question over documents (each document is one chunk, in prompt order)."""
+    """A question over documents (each document is one chunk, in prompt order), under a tenant's namespace."""
 
     documents: list[str]
     question: str
     mode: str = "cacheblend"
     recompute_ratio: float | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    namespace: str = DEFAULT_NAMESPACE
+
+
+@dataclass(slots=True)
+class PrefillStats:
+    """How the prompt's KV was produced, known once the first token's logits are."""
+
+    mode: str
+    recompute_ratio: float
+    ttft_s: float
+    num_prompt_tokens: int
+    context_tokens: int
+    reused_tokens_by_tier: dict[str, int]
+    recomputed_tokens: int
+    recomputed_fraction: float
+    first_token_logprobs: torch.Tensor  # [V] float32
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens whose cached KV was reused, from any tier."""
+        return sum(self.reused_tokens_by_tier.values())
 
 
 @dataclass(slots=True)
@@ -37,17 +61,27 @@ class BlendResult:
 
     token_ids: list[int]
     text: str
-    mode: str
-    recompute_ratio: float
-    ttft_s: float
-    context_tokens: int
-    reused_tokens: int
-    recomputed_fraction: float
-    first_token_logprobs: torch.Tensor  # [V] float32
+    stats: PrefillStats
 
 
-class BlendEngine:
-    """One model, one chunk store, every fusion mode; `generate` serves one request at a time."""
+class Generation:
+    """A prefilled request: its stats now, its tokens as they are decoded; misses are written back at the end."""
+
+    def __init__(self, stats: PrefillStats, tokens: Iterator[int], write_back: Callable[[], None]) -> None:
+        self.stats = stats
+        self._tokens = tokens
+        self._write_back = write_back
+
+    def __iter__(self) -> Iterator[int]:
+        try:
+            yield from self._tokens
+        finally:
+            # Also when the consumer stops early (a stop string, a closed stream): the KV is already computed.
+            self._write_back()
+
+
+class BlendEngine(Engine):
+    """One model, one chunk store, every fusion mode; serves one request at a time."""
 
     def __init__(
         self,
@@ -67,20 +101,49 @@ class BlendEngine:
         self.chunk_context = chunk_context
         self.stop_token_ids = tuple(checkpoint.config.eos_token_ids) or (checkpoint.tokenizer.eos_token_id,)
 
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The served model's tokenizer."""
+        return self.runner.checkpoint.tokenizer
+
+    @property
+    def max_context_tokens(self) -> int:
+        """Prompt plus generated tokens the model can attend over."""
+        return self.runner.config.max_position_embeddings
+
     def layout(self, documents: list[str], question: str) -> PromptLayout:
         """Token layout of a request under the engine's template."""
         return self.template.layout(documents, question)
 
-    def precompute(self, prompt: PromptLayout) -> int:
+    def precompute(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""
         parts = [(prompt.prefix_ids, True)] + [(ids, False) for ids in prompt.chunk_ids]
-        missing = [(ids, is_prefix) for ids, is_prefix in parts if ids and self._lookup(ids, is_prefix, prompt) is None]
+        missing = [
+            (ids, is_prefix) for ids, is_prefix in parts if ids and not self._tiers(ids, is_prefix, prompt, namespace)
+        ]
         for ids, is_prefix in missing:
-            self._store(ids, is_prefix, prompt)
+            self._store(ids, is_prefix, prompt, namespace)
         return len(missing)
 
-    def generate(self, request: BlendRequest) -> BlendResult:
-        """Answer one request; misses are computed in context now and written back after the answer."""
+    def store_documents(self, documents: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[StoredChunk]:
+        """Compute (if missing) and store each document's chunk KV; where each now lives, in order."""
+        prompt = self.layout(documents, "")
+        stored = []
+        for ids in prompt.chunk_ids:
+            computed = not self._tiers(ids, False, prompt, namespace)
+            if computed:
+                self._store(ids, False, prompt, namespace)
+            stored.append(StoredChunk(len(ids), computed))
+        if prompt.prefix_ids and not self._tiers(prompt.prefix_ids, True, prompt, namespace):
+            self._store(prompt.prefix_ids, True, prompt, namespace)
+        self.store.flush()
+        for chunk, ids in zip(stored, prompt.chunk_ids):
+            chunk.key = self.store.key(ids, self._context_ids(False, prompt), namespace)
+            chunk.tiers = self._tiers(ids, False, prompt, namespace)
+        return stored
+
+    def open(self, request: BlendRequest) -> Generation:
+        """Prefill one request with its fusion mode; the returned generation decodes on iteration."""
         mode = self.modes.get(request.mode)
         if mode is None:
             raise ValueError(f"unknown fusion mode {request.mode!r}; choose from {sorted(self.modes)}")
@@ -92,33 +155,49 @@ class BlendEngine:
             sampling = replace(sampling, stop_token_ids=self.stop_token_ids)
         start_s = time.perf_counter()
         prompt = self.layout(request.documents, request.question)
-        cache, prefill, layout = self.fuse(prompt, request.mode, ratio, sampling.max_new_tokens)
+        cache, prefill, layout = self.fuse(prompt, request.mode, ratio, sampling.max_new_tokens, request.namespace)
         first_logits = self.runner.logits(prefill.last_hidden[None])[0]
-        ttft_s = time.perf_counter() - start_s
-        token_ids = list(iter_decode(self.runner, cache, first_logits, sampling))
-        if mode.reads_chunk_cache:
-            for seg in layout.segments:
-                if seg.cached is None and seg.kind != SUFFIX:
-                    self._store(layout.token_ids[seg.start : seg.end].tolist(), seg.kind == PREFIX, prompt)
-        reused = sum(s.num_tokens for s in layout.segments if s.cached is not None)
-        return BlendResult(
-            token_ids=token_ids,
-            text=self.runner.checkpoint.tokenizer.decode(token_ids, skip_special_tokens=True).strip(),
+        stats = PrefillStats(
             mode=request.mode,
             recompute_ratio=ratio,
-            ttft_s=ttft_s,
+            ttft_s=time.perf_counter() - start_s,
+            num_prompt_tokens=layout.num_tokens,
             context_tokens=layout.num_context_tokens,
-            reused_tokens=reused,
+            reused_tokens_by_tier=_reused_by_tier(layout),
+            recomputed_tokens=round(prefill.recomputed_fraction * layout.num_context_tokens)
+            + layout.num_tokens
+            - layout.num_context_tokens,
             recomputed_fraction=prefill.recomputed_fraction,
             first_token_logprobs=first_logits.log_softmax(-1),
         )
 
+        def write_back() -> None:
+            if mode.reads_chunk_cache:
+                for seg in layout.segments:
+                    if seg.cached is None and seg.kind != SUFFIX:
+                        ids = layout.token_ids[seg.start : seg.end].tolist()
+                        self._store(ids, seg.kind == PREFIX, prompt, request.namespace)
+
+        return Generation(stats, iter_decode(self.runner, cache, first_logits, sampling), write_back)
+
+    def generate(self, request: BlendRequest) -> BlendResult:
+        """Answer one request; misses are computed in context now and written back after the answer."""
+        generation = self.open(request)
+        token_ids = list(generation)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
+        return BlendResult(token_ids, text, generation.stats)
+
     def fuse(
-        self, prompt: PromptLayout, mode_name: str, ratio: float, extra_capacity: int = 0
+        self,
+        prompt: PromptLayout,
+        mode_name: str,
+        ratio: float,
+        extra_capacity: int = 0,
+        namespace: str = DEFAULT_NAMESPACE,
     ) -> tuple[KVCache, PrefillResult, BlendLayout]:
         """Fill a KV cache for the whole prompt with one fusion mode (no decoding)."""
         mode = self.modes[mode_name]
-        layout = self._blend_layout(prompt, mode.reads_chunk_cache)
+        layout = self._blend_layout(prompt, mode.reads_chunk_cache, namespace)
         limit = self.runner.config.max_position_embeddings
         if layout.num_tokens + extra_capacity > limit:
             raise ValueError(
@@ -128,20 +207,32 @@ class BlendEngine:
         cache = self.runner.new_cache(layout.num_tokens + extra_capacity)
         return cache, mode.prefill(self.runner, layout, cache, ratio), layout
 
-    def _blend_layout(self, prompt: PromptLayout, reads_cache: bool) -> BlendLayout:
+    def _blend_layout(self, prompt: PromptLayout, reads_cache: bool, namespace: str) -> BlendLayout:
         if not reads_cache:
             return BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None)
-        cached = [self._lookup(ids, False, prompt) for ids in prompt.chunk_ids]
-        prefix = self._lookup(prompt.prefix_ids, True, prompt) if prompt.prefix_ids else None
+        cached = [self._lookup(ids, False, prompt, namespace) for ids in prompt.chunk_ids]
+        prefix = self._lookup(prompt.prefix_ids, True, prompt, namespace) if prompt.prefix_ids else None
         return BlendLayout.build(prompt, cached, prefix)
 
     def _context_ids(self, is_prefix: bool, prompt: PromptLayout) -> list[int]:
         """What a chunk's KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""
         return prompt.prefix_ids if self.chunk_context == "prefix" and not is_prefix else []
 
-    def _lookup(self, ids: list[int], is_prefix: bool, prompt: PromptLayout) -> ChunkKV | None:
-        return self.store.get(ids, self._context_ids(is_prefix, prompt))
+    def _lookup(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> ChunkKV | None:
+        return self.store.get(ids, self._context_ids(is_prefix, prompt), namespace)
 
-    def _store(self, ids: list[int], is_prefix: bool, prompt: PromptLayout) -> None:
+    def _tiers(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> list[str]:
+        return self.store.tiers_of(ids, self._context_ids(is_prefix, prompt), namespace)
+
+    def _store(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> None:
         context = self._context_ids(is_prefix, prompt)
-        self.store.put(compute_chunk_kv(self.runner, ids, context), context)
+        self.store.put(compute_chunk_kv(self.runner, ids, context), context, namespace)
+
+
+def _reused_by_tier(layout: BlendLayout) -> dict[str, int]:
+    """Tokens of reused KV per tier it was found in."""
+    reused: dict[str, int] = {}
+    for seg in layout.segments:
+        if seg.cached is not None:
+            reused[seg.cached.source_tier] = reused.get(seg.cached.source_tier, 0) + seg.num_tokens
+    return reused

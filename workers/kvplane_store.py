@@ -5,32 +5,44 @@ from kvplane.entry import KVEntry
 from kvplane.keys import chunk_key
 from kvplane.store import TieredStore
 from workers.chunk_kv import ChunkKV
+from workers.chunk_store import DEFAULT_NAMESPACE
+
+
+def chunk_store_key(fingerprint: str, namespace: str, token_ids: list[int], context_ids: list[int]) -> str:
+    """Content key; KV computed after a context differs from KV computed alone, so the context is in it."""
+    if context_ids:
+        context = b"".join(t.to_bytes(4, "little") for t in context_ids)
+        namespace = f"{namespace}\0context:{xxhash.xxh3_128_hexdigest(context)}"
+    return chunk_key(fingerprint, namespace, token_ids)
 
 
 class KVPlaneChunkStore:
     """The engine's ChunkStore over a TieredStore: RAM, SSD and object tiers, misses written back."""
 
-    def __init__(self, store: TieredStore, fingerprint: str, namespace: str = "default") -> None:
+    def __init__(self, store: TieredStore, fingerprint: str) -> None:
         self.store = store
         self.fingerprint = fingerprint
-        self.namespace = namespace
 
-    def key(self, token_ids: list[int], context_ids: list[int]) -> str:
-        """Content key; KV computed after a context differs from KV computed alone, so the context is in it."""
-        namespace = self.namespace
-        if context_ids:
-            context = b"".join(t.to_bytes(4, "little") for t in context_ids)
-            namespace = f"{namespace}\0context:{xxhash.xxh3_128_hexdigest(context)}"
-        return chunk_key(self.fingerprint, namespace, token_ids)
+    def key(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> str:
+        """The key this store files the chunk under."""
+        return chunk_store_key(self.fingerprint, namespace, token_ids, context_ids)
 
-    def get(self, token_ids: list[int], context_ids: list[int]) -> ChunkKV | None:
+    def get(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> ChunkKV | None:
         """The stored chunk, or None on a miss (a damaged entry is already a miss inside the store)."""
-        entry = self.store.get(self.key(token_ids, context_ids))
+        entry = self.store.get(self.key(token_ids, context_ids, namespace))
         if entry is None or entry.token_ids != list(token_ids):
             return None
-        return ChunkKV(entry.token_ids, entry.kv, base_position=len(context_ids))
+        return ChunkKV(entry.token_ids, entry.kv, len(context_ids), entry.source)
 
-    def put(self, chunk: ChunkKV, context_ids: list[int]) -> None:
+    def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         """Write the chunk to the top tier now and to the lower tiers in the background."""
-        key = self.key(chunk.token_ids, context_ids)
+        key = self.key(chunk.token_ids, context_ids, namespace)
         self.store.put(KVEntry(key, chunk.kv.contiguous(), list(chunk.token_ids), self.fingerprint))
+
+    def tiers_of(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+        """The tiers holding the chunk, fastest first."""
+        return self.store.tiers_holding(self.key(token_ids, context_ids, namespace))
+
+    def flush(self) -> None:
+        """Finish the background writes to the lower tiers."""
+        self.store.flush()

@@ -20,7 +20,7 @@ def ask(engine: BlendEngine, documents: list[str], question: str, mode: str, rat
 def assert_same_answer(result: BlendResult, reference: BlendResult) -> None:
     """Same greedy tokens and the same first-token distribution (up to float32 rounding)."""
     assert result.token_ids == reference.token_ids
-    torch.testing.assert_close(result.first_token_logprobs, reference.first_token_logprobs, **LOGPROB_TOLERANCE)
+    torch.testing.assert_close(result.stats.first_token_logprobs, reference.stats.first_token_logprobs, **LOGPROB_TOLERANCE)
 
 
 def test_cacheblend_at_full_ratio_equals_full_prefill(engine: BlendEngine, qa_records: list[dict]) -> None:
@@ -29,7 +29,7 @@ def test_cacheblend_at_full_ratio_equals_full_prefill(engine: BlendEngine, qa_re
     reference = ask(engine, record["documents"], record["question"], "full_prefill")
     blended = ask(engine, record["documents"], record["question"], "cacheblend", 1.0)
     assert_same_answer(blended, reference)
-    assert blended.recomputed_fraction == pytest.approx(1.0)
+    assert blended.stats.recomputed_fraction == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("mode,ratio", [("full_reuse", 0.0), ("cacheblend", 0.0), ("cacheblend", 0.15),
@@ -43,7 +43,7 @@ def test_single_chunk_at_position_zero_needs_no_fix(
     engine.precompute(engine.layout(documents, question))
     reference = ask(engine, documents, question, "full_prefill")
     result = ask(engine, documents, question, mode, ratio)
-    assert result.reused_tokens > 0
+    assert result.stats.reused_tokens > 0
     assert_same_answer(result, reference)
 
 
@@ -52,8 +52,8 @@ def test_prefix_cache_on_a_repeated_prompt_equals_full_prefill(engine: BlendEngi
     reference = ask(engine, record["documents"], record["question"], "full_prefill")
     first = ask(engine, record["documents"], record["question"], "prefix_cache")
     second = ask(engine, record["documents"], record["question"], "prefix_cache")
-    assert first.recomputed_fraction > 0.9
-    assert second.recomputed_fraction < 0.05
+    assert first.stats.recomputed_fraction > 0.9
+    assert second.stats.recomputed_fraction < 0.05
     assert_same_answer(second, reference)
 
 
@@ -91,7 +91,7 @@ def test_mixed_hits_reorder_and_repeat(engine: BlendEngine, qa_records: list[dic
     once = ask(engine, reordered, question, "cacheblend")
     again = ask(engine, reordered, question, "cacheblend")
     assert once.token_ids == again.token_ids
-    assert once.reused_tokens == again.reused_tokens == once.context_tokens
+    assert once.stats.reused_tokens == again.stats.reused_tokens == once.stats.context_tokens
 
 
 def test_every_mode_answers_with_no_documents(engine: BlendEngine) -> None:

@@ -23,7 +23,7 @@ def test_chunks_survive_a_restart_and_stay_per_model(checkpoint: Checkpoint, tmp
     with open_store(tmp_path) as store:
         engine = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
         first = engine.generate(BlendRequest(documents, question, "cacheblend", 1.0, SHORT))
-        assert first.reused_tokens == 0  # cold: every chunk missed, then was written back
+        assert first.stats.reused_tokens == 0  # cold: every chunk missed, then was written back
         store.flush()
 
     with open_store(tmp_path) as store:  # a fresh RAM tier: every hit below comes from the SSD files
@@ -31,9 +31,9 @@ def test_chunks_survive_a_restart_and_stay_per_model(checkpoint: Checkpoint, tmp
         engine = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
         again = engine.generate(BlendRequest(documents[::-1], question, "cacheblend", 1.0, SHORT))
         reference = engine.generate(BlendRequest(documents[::-1], question, "full_prefill", 1.0, SHORT))
-        assert again.reused_tokens == again.context_tokens
+        assert again.stats.reused_tokens == again.stats.context_tokens
         assert again.token_ids == reference.token_ids
 
         other_model = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, "another-fingerprint"))
         cold = other_model.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT))
-        assert cold.reused_tokens == 0
+        assert cold.stats.reused_tokens == 0

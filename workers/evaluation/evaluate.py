@@ -78,10 +78,11 @@ def evaluate(
             s = scores[run.label]
             s.f1.append(best_f1(result.text, record.answers))
             s.agreement_f1.append(token_f1(result.text, reference.text))
-            s.first_token_kl.append(first_token_kl(reference.first_token_logprobs, result.first_token_logprobs))
-            s.ttft_s.append(result.ttft_s)
-            s.context_tokens.append(result.context_tokens)
-            s.recomputed_fraction.append(result.recomputed_fraction)
+            kl = first_token_kl(reference.stats.first_token_logprobs, result.stats.first_token_logprobs)
+            s.first_token_kl.append(kl)
+            s.ttft_s.append(result.stats.ttft_s)
+            s.context_tokens.append(result.stats.context_tokens)
+            s.recomputed_fraction.append(result.stats.recomputed_fraction)
         if on_record is not None:
             on_record(index, precompute_s)
     return {label: s.summary() for label, s in scores.items()}, precompute_s
