@@ -22,6 +22,8 @@ class StoredChunk:
 class Engine(ABC):
     """Prefill a RAG request from cached chunk KV, decode it, and keep documents' KV ahead of time."""
 
+    stop_token_ids: tuple[int, ...]  # end-of-sequence ids used when a request names none
+
     @property
     @abstractmethod
     def tokenizer(self) -> PreTrainedTokenizerBase:

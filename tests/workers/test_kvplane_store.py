@@ -32,8 +32,20 @@ def test_chunks_survive_a_restart_and_stay_per_model(checkpoint: Checkpoint, tmp
         again = engine.generate(BlendRequest(documents[::-1], question, "cacheblend", 1.0, SHORT))
         reference = engine.generate(BlendRequest(documents[::-1], question, "full_prefill", 1.0, SHORT))
         assert again.stats.reused_tokens == again.stats.context_tokens
+        assert set(again.stats.reused_tokens_by_tier) == {"ssd"}  # the RAM tier started empty
         assert again.token_ids == reference.token_ids
 
         other_model = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, "another-fingerprint"))
         cold = other_model.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT))
         assert cold.stats.reused_tokens == 0
+
+
+def test_tenants_do_not_share_chunks(checkpoint: Checkpoint, tmp_path: Path, qa_records: list[dict]) -> None:
+    documents, question = qa_records[1]["documents"], qa_records[1]["question"]
+    with open_store(tmp_path) as store:
+        engine = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
+        engine.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT, namespace="acme"))
+        same = engine.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT, namespace="acme"))
+        other = engine.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT, namespace="globex"))
+        assert same.stats.reused_tokens_by_tier == {"ram": same.stats.context_tokens}
+        assert other.stats.reused_tokens == 0

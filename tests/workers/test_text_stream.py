@@ -1,0 +1,37 @@
+"""Streaming detokenization on the real tokenizer: deltas add up to the answer and never show a stop string."""
+import pytest
+
+from workers.text_stream import TextStream
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    return checkpoint.tokenizer
+
+
+def _stream(tokenizer, text: str, stop: tuple[str, ...] = ()) -> tuple[list[str], TextStream]:
+    stream = TextStream(tokenizer, stop)
+    deltas = [stream.push(t) for t in tokenizer(text, add_special_tokens=False).input_ids]
+    deltas.append(stream.finish())
+    return deltas, stream
+
+
+def test_deltas_join_to_the_decoded_text(tokenizer):
+    text = " The capital of France is Paris, a city of 2.1 million — café included."
+    deltas, stream = _stream(tokenizer, text)
+    assert "".join(deltas) == text.lstrip()
+    assert not stream.stopped
+    assert sum(1 for d in deltas if d) > 5  # it streams, not one blob at the end
+
+
+def test_stop_string_cuts_the_text_and_is_never_emitted(tokenizer):
+    deltas, stream = _stream(tokenizer, "Paris is nice.\nQuestion: what else?", stop=("\nQuestion",))
+    assert "".join(deltas) == "Paris is nice."
+    assert stream.stopped
+    assert all("Question" not in d for d in deltas)
+
+
+def test_text_that_only_starts_like_a_stop_string_is_released(tokenizer):
+    deltas, stream = _stream(tokenizer, "Answer: Paris. Answ", stop=("Answer: London",))
+    assert "".join(deltas) == "Answer: Paris. Answ"
+    assert not stream.stopped

@@ -1,0 +1,89 @@
+"""A serving worker: runs jobs on its engine and reports text deltas, then one closing event with the stats."""
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from workers.engine import BlendRequest
+from workers.engine_base import Engine, StoredChunk
+from workers.text_stream import TextStream
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One API request as the worker runs it."""
+
+    request: BlendRequest
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New answer text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The job's last event: why it ended, token counts and how the prompt's KV was produced."""
+
+    finish_reason: str
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    ttft_s: float
+    mode: str
+    recompute_ratio: float
+    reused_tokens: dict[str, int] = field(default_factory=dict)
+    recomputed_tokens: int = 0
+    worker: str = ""
+
+
+Event = TextDelta | Finished
+
+
+class Worker:
+    """One engine behind a worker id; not thread-safe: its shell runs one job at a time."""
+
+    def __init__(self, engine: Engine, worker_id: str) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+
+    def run(self, job: Job) -> Iterator[Event]:
+        """Prefill, then stream the answer; a stop string ends decoding early."""
+        generation = self.engine.open(job.request)
+        text = TextStream(self.engine.tokenizer, job.stop)
+        num_tokens = 0
+        stop_token_ids = set(job.request.sampling.stop_token_ids or self.engine.stop_token_ids)
+        finish_reason = "length"
+        tokens = iter(generation)
+        try:
+            for token_id in tokens:
+                num_tokens += 1
+                if token_id in stop_token_ids:
+                    finish_reason = "stop"
+                    break
+                delta = text.push(token_id)
+                if delta:
+                    yield TextDelta(delta)
+                if text.stopped:
+                    finish_reason = "stop"
+                    break
+        finally:
+            tokens.close()  # writes the missed chunks back
+        if tail := text.finish():
+            yield TextDelta(tail)
+        stats = generation.stats
+        yield Finished(
+            finish_reason=finish_reason,
+            num_prompt_tokens=stats.num_prompt_tokens,
+            num_completion_tokens=num_tokens,
+            ttft_s=stats.ttft_s,
+            mode=stats.mode,
+            recompute_ratio=stats.recompute_ratio,
+            reused_tokens=dict(stats.reused_tokens_by_tier),
+            recomputed_tokens=stats.recomputed_tokens,
+            worker=self.worker_id,
+        )
+
+    def store_documents(self, documents: list[str], namespace: str) -> list[StoredChunk]:
+        """Compute and keep the documents' chunk KV ahead of requests."""
+        return self.engine.store_documents(documents, namespace)
