@@ -80,6 +80,10 @@ class ServeConfig:
         """The kvplane specs of the configured tiers, in the order listed."""
         return [tier.to_spec() for tier in self.tiers or ()]
 
+    def tier(self, name: str) -> TierConfig | None:
+        """The configured tier of that role, if any."""
+        return next((tier for tier in self.tiers or () if tier.name == name), None)
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be served; one problem per line, each led by its field path."""

@@ -21,6 +21,16 @@ MiB = 1 << 20
 DTYPES = ("bfloat16", "float16", "float32")
 ENGINES = ("torch",)
 BUILTIN_TIER_SCHEMES = ("ram", "device")
+TIER_ROLES: Mapping[str, str] = MappingProxyType(
+    {
+        "device": "each worker's own memory (GPU HBM, or host RAM on a CPU worker)",
+        "ram": "the node's KVShard, in RAM",
+        "ssd": "the node's KVShard, on local disk (one folder per node under the URL)",
+        "object": "an object store shared by the cluster (s3://, gs://, file:// on shared storage, ...)",
+    }
+)
+_TIER_SCHEMES = {"device": ("device",), "ram": ("ram",)}
+_TENANT_CHARS = frozenset(string.ascii_letters + string.digits + "-_.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +59,11 @@ class EngineConfig:
 
     kind: str = "torch"
     chunk_context: str = "prefix"
+    num_threads: int | None = None  # torch threads per worker; None: every core of the machine
 
     def __post_init__(self) -> None:
         check(self.kind in ENGINES, "kind", f"one of {ENGINES}", self.kind)
+        check(self.num_threads is None or self.num_threads >= 1, "num_threads", "an int >= 1 or null", self.num_threads)
         check(self.chunk_context in CHUNK_CONTEXTS, "chunk_context", f"one of {CHUNK_CONTEXTS}", self.chunk_context)
 
 
@@ -91,10 +103,12 @@ class TierConfig:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check(bool(self.name), "name", "a non-empty string", self.name)
+        check(self.name in TIER_ROLES, "name", f"one of {list(TIER_ROLES)} (the tier's role)", self.name)
         scheme = self.url.split("://", 1)[0] if "://" in self.url else ""
         known = scheme in BUILTIN_TIER_SCHEMES or scheme in fsspec.available_protocols()
         check(known, "url", "a URL with a known scheme (ram://, device://, file://, s3://, ...)", self.url)
+        allowed = _TIER_SCHEMES.get(self.name, tuple(p for p in fsspec.available_protocols() if p != "memory"))
+        check(scheme in allowed, "url", f"a {' or '.join(sorted(allowed)[:4])}... URL for the {self.name} tier", self.url)
         check_count("capacity_bytes", self.capacity_bytes, 0)
         check(self.policy in POLICIES, "policy", f"one of {sorted(POLICIES)}", self.policy)
         object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
@@ -125,11 +139,25 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     default_tenant: str = "default"
+    # API key -> tenant. Empty: no key is required and the X-Tenant header (or the default) names the tenant.
+    api_keys: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(bool(self.host), "host", "a non-empty string", self.host)
         check(isinstance(self.port, int) and 1 <= self.port <= 65535, "port", "an int in [1, 65535]", self.port)
-        check(bool(self.default_tenant), "default_tenant", "a non-empty string", self.default_tenant)
+        check(is_tenant_name(self.default_tenant), "default_tenant", TENANT_RULE, self.default_tenant)
+        for key, tenant in self.api_keys.items():
+            check(len(key) >= 8, "api_keys", "keys of at least 8 characters", f"{key[:2]}...")
+            check(is_tenant_name(tenant), f"api_keys[{key[:2]}...]", TENANT_RULE, tenant)
+        object.__setattr__(self, "api_keys", MappingProxyType(dict(self.api_keys)))
+
+
+TENANT_RULE = "1 to 64 letters, digits, '-', '_' or '.'"
+
+
+def is_tenant_name(name: str) -> bool:
+    """Whether `name` can name a tenant (it becomes part of chunk keys and metric labels)."""
+    return 1 <= len(name) <= 64 and set(name) <= _TENANT_CHARS
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +185,9 @@ class LimitsConfig:
 
 
 def default_tiers(data_dir: Path) -> tuple[TierConfig, ...]:
-    """RAM, then local SSD under `data_dir/kv` (made absolute against the working directory)."""
+    """The worker's own memory, the node's RAM, then local SSD under `data_dir/kv` (absolute)."""
     return (
+        TierConfig("device", "device://", 512 * MiB),
         TierConfig("ram", "ram://", 1 * GiB),
         TierConfig("ssd", f"file://{data_dir.absolute() / 'kv'}", 16 * GiB),
     )

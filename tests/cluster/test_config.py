@@ -61,7 +61,11 @@ def test_no_file_gives_the_embedded_defaults(tmp_path: Path, monkeypatch: pytest
     assert (config.fusion.mode, config.fusion.recompute_ratio) == ("cacheblend", 0.15)
     assert config.engine.kind == "torch" and config.model.path is None
     assert config.model.served_name == "SmolLM2-135M-Instruct"
-    assert [(t.name, t.url) for t in config.tiers or ()] == [("ram", "ram://"), ("ssd", f"file://{tmp_path}/data/kv")]
+    assert [(t.name, t.url) for t in config.tiers or ()] == [
+        ("device", "device://"),
+        ("ram", "ram://"),
+        ("ssd", f"file://{tmp_path}/data/kv"),
+    ]
     assert config.autoscaling is None and config.workers.num_replicas == 1
 
 
@@ -104,7 +108,7 @@ def test_relative_data_dir_places_the_default_ssd_tier_under_the_working_directo
 ) -> None:
     monkeypatch.chdir(tmp_path)
     config = config_from_dict({"data_dir": "state"})
-    assert config.tier_specs[1] == TierSpec("ssd", f"file://{tmp_path}/state/kv", 16 << 30)
+    assert config.tier_specs[2] == TierSpec("ssd", f"file://{tmp_path}/state/kv", 16 << 30)
 
 
 @pytest.mark.parametrize(
@@ -124,7 +128,11 @@ def test_relative_data_dir_places_the_default_ssd_tier_under_the_working_directo
         ({"tiers": [{"name": "ram", "url": "/tmp/kv", "capacity_bytes": 1}]}, "tiers[0].url: must be a URL"),
         ({"tiers": [{"name": "ram", "url": "ram://", "capacity_bytes": -1}]}, "tiers[0].capacity_bytes: must be"),
         ({"tiers": [{"name": "ram", "url": "ram://", "capacity_bytes": 1, "policy": "fifo"}]}, "tiers[0].policy"),
-        ({"tiers": [{"name": "nvme", "url": "ram://", "capacity_bytes": 1}]}, "tiers[0].name: must be a tier of"),
+        ({"tiers": [{"name": "nvme", "url": "ram://", "capacity_bytes": 1}]}, "tiers[0].name: must be one of ['device'"),
+        ({"tiers": [{"name": "ram", "url": "file:///kv", "capacity_bytes": 1}]}, "tiers[0].url: must be a ram"),
+        ({"server": {"default_tenant": "a b"}}, "server.default_tenant: must be 1 to 64 letters"),
+        ({"server": {"api_keys": {"short": "acme"}}}, "server.api_keys: must be keys of at least 8 characters"),
+        ({"engine": {"num_threads": 0}}, "engine.num_threads: must be an int >= 1"),
         (
             {"tiers": [{"name": "ram", "url": "ram://", "capacity_bytes": 1}] * 2},
             "tiers[1].name: must be unique among the tiers",
@@ -186,4 +194,4 @@ def test_the_documented_example_loads(tmp_path: Path) -> None:
     path.write_text(guide.read_text().split("```yaml\n", 1)[1].split("```", 1)[0])
     config = load_config(path)
     assert config.model.served_name == "SmolLM2-360M-Instruct" and config.autoscaling is not None
-    assert [tier.name for tier in config.tiers or ()] == ["ram", "ssd", "object"]
+    assert [tier.name for tier in config.tiers or ()] == ["device", "ram", "ssd", "object"]

@@ -1,0 +1,58 @@
+"""Which workers are up: each joins once its model is loaded and heartbeats; silent ones drop out."""
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import ray
+from ray.actor import ActorHandle
+
+from scheduler.checks import check, check_positive
+
+MEMBERSHIP_ACTOR_NAME = "blendserve-membership"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One ready worker: its id, the node it runs on, the model it serves and its last report."""
+
+    worker_id: str
+    node_id: str
+    fingerprint: str
+    last_seen_s: float = 0.0
+    evictions: dict[str, int] = field(default_factory=dict)
+
+
+class Membership:
+    """Live workers by id; `now_s` is injectable so expiry is testable without sleeping."""
+
+    def __init__(self, timeout_s: float = 10.0, now_s: Callable[[], float] = time.monotonic) -> None:
+        check_positive("timeout_s", timeout_s)
+        self._timeout_s = timeout_s
+        self._now_s = now_s
+        self._members: dict[str, Member] = {}
+
+    def heartbeat(self, worker_id: str, node_id: str, fingerprint: str, evictions: dict[str, int]) -> None:
+        """A worker is alive (and ready); joining is the first heartbeat."""
+        check(bool(worker_id), "worker_id", "a non-empty string", worker_id)
+        self._members[worker_id] = Member(worker_id, node_id, fingerprint, self._now_s(), dict(evictions))
+
+    def leave(self, worker_id: str) -> None:
+        """A worker shut down cleanly."""
+        self._members.pop(worker_id, None)
+
+    def members(self) -> list[Member]:
+        """Workers heard from within the timeout, by id."""
+        deadline_s = self._now_s() - self._timeout_s
+        self._members = {w: m for w, m in self._members.items() if m.last_seen_s >= deadline_s}
+        return sorted(self._members.values(), key=lambda m: m.worker_id)
+
+
+@ray.remote(num_cpus=0)
+class MembershipActor(Membership):
+    """Ray actor shell over Membership: one per cluster, named MEMBERSHIP_ACTOR_NAME."""
+
+
+def launch_membership() -> ActorHandle:
+    """The cluster's membership actor, started (detached) if it is not running yet."""
+    options = {"name": MEMBERSHIP_ACTOR_NAME, "get_if_exists": True, "lifetime": "detached"}
+    return MembershipActor.options(**options).remote()
