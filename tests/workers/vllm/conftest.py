@@ -1,0 +1,69 @@
+"""A real in-process vLLM engine with BlendKVConnector, shared by the tests of this folder (vllm venv only)."""
+import importlib.util
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.checkpoint import load_checkpoint
+from workers.default_model import prepare_default_model
+from workers.runner import ModelRunner
+
+DATA_FILE = Path(__file__).resolve().parents[4] / "shared" / "data" / "hotpotqa_hipporag.dev.jsonl"
+BLOCK = 128  # vLLM's CPU block size
+
+
+def _require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed in this environment")
+
+
+@pytest.fixture(scope="session")
+def bf16_runner() -> ModelRunner:
+    """blendserve's layer-wise runner in bfloat16, the dtype vLLM runs."""
+    return ModelRunner(load_checkpoint(prepare_default_model(), torch.bfloat16))
+
+
+@pytest.fixture(scope="session")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One vllm.LLM with the connector, in this process (restores the environment afterwards)."""
+    _require_vllm()
+    from workers.vllm.engine_config import llm_kwargs, set_cpu_env
+
+    saved = dict(os.environ)
+    set_cpu_env(tmp_path_factory.mktemp("vllm"))
+    from vllm import LLM
+
+    engine = LLM(**llm_kwargs(prepare_default_model(), max_model_len=4096))
+    try:
+        yield engine
+    finally:
+        del engine
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def rag_prompts(bf16_runner: ModelRunner) -> list[tuple[list[int], int]]:
+    """Two real HotpotQA prompts as (token ids, context length): documents first, the question suffix last."""
+    from workers.prompt import PromptTemplate
+
+    template = PromptTemplate(bf16_runner.checkpoint.tokenizer)
+    prompts = []
+    with open(DATA_FILE) as handle:
+        for _, line in zip(range(2), handle):
+            record = json.loads(line)
+            layout = template.layout([c["text"] for c in record["ctxs"][:3]], record["question"])
+            prompts.append((layout.token_ids, len(layout.token_ids) - len(layout.suffix_ids)))
+    return prompts
+
+
+def full_prefill_kv(runner: ModelRunner, token_ids: list[int]) -> torch.Tensor:
+    """blendserve's full-prefill KV of `token_ids` at positions 0.. # -> [L, 2, T, H_kv, D]"""
+    with torch.inference_mode():
+        cache = runner.new_cache(len(token_ids))
+        runner.forward(torch.tensor(token_ids), cache, 0)
+    return cache.data.clone()
