@@ -17,12 +17,20 @@ _ONE_QUESTION = (
 class ApiError(Exception):
     """A refused request: HTTP status and an OpenAI-style error whose message leads with the field path."""
 
-    def __init__(self, status_code: int, message: str, param: str | None = None, code: str = "invalid_value") -> None:
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        param: str | None = None,
+        code: str = "invalid_value",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         """The error object the `openai` client parses."""

@@ -127,6 +127,7 @@ class StoredDocument(BaseModel):
     num_tokens: int
     tiers: list[str]
     computed: bool
+    worker: str
 
 
 class DocumentsResponse(BaseModel):

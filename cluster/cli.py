@@ -19,6 +19,24 @@ def prepare_model(cache_dir: Path = typer.Option(None, help="Where prepared chec
     typer.echo(str(prepare_default_model(cache_dir)))
 
 
+@app.command("serve")
+def serve_command(
+    config: Path = typer.Option(None, exists=True, dir_okay=False, help="A YAML configuration (default: none)."),
+) -> None:
+    """Serve the HTTP API (OpenAI-compatible + documents) on Ray Serve until interrupted."""
+    from cluster.config import ConfigError, load_config
+    from cluster.server import run_server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        serve_config = load_config(config)
+    except ConfigError as error:
+        raise typer.BadParameter(str(error), param_hint="--config") from None
+    log.info("blendserve: serving %s on http://%s:%d", serve_config.model.served_name,
+             serve_config.server.host, serve_config.server.port)
+    run_server(serve_config)
+
+
 @app.command("eval")
 def eval_command(
     data: Path = typer.Option(..., exists=True, dir_okay=False, help="A QA file in the shared JSONL schema."),

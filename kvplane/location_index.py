@@ -78,5 +78,5 @@ class LocationIndexActor(LocationIndex):
 
 
 def launch_location_index() -> ActorHandle:
-    """The cluster's location index actor, started if it is not running yet."""
-    return LocationIndexActor.options(name=INDEX_ACTOR_NAME, get_if_exists=True).remote()
+    """The cluster's location index actor, started (detached, outliving its starter) if it is not running yet."""
+    return LocationIndexActor.options(name=INDEX_ACTOR_NAME, get_if_exists=True, lifetime="detached").remote()

@@ -23,13 +23,20 @@ class Checkpoint:
     fingerprint: str
 
 
-def load_checkpoint(path: Path, dtype: torch.dtype = torch.bfloat16) -> Checkpoint:
-    """Read config.json, *.safetensors and the tokenizer from a local directory (never a hub)."""
+def load_model_card(path: Path) -> tuple[ModelConfig, PreTrainedTokenizerBase]:
+    """The config and tokenizer of a local checkpoint directory, without its weights."""
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint directory: config.json is missing")
     config = ModelConfig.from_hf(json.loads(config_file.read_text()))
+    return config, AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def load_checkpoint(path: Path, dtype: torch.dtype = torch.bfloat16) -> Checkpoint:
+    """Read config.json, *.safetensors and the tokenizer from a local directory (never a hub)."""
+    path = Path(path)
+    config, tokenizer = load_model_card(path)
     weight_files = sorted(path.glob("*.safetensors"))
     if not weight_files:
         raise UnsupportedModelError(f"{path} has no *.safetensors weights (only safetensors checkpoints load)")
@@ -37,5 +44,4 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.bfloat16) -> Checkpoi
     for f in weight_files:
         state.update(load_file(str(f)))
     weights = ModelWeights.from_state_dict(config, state, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     return Checkpoint(path, config, weights, tokenizer, model_fingerprint(path))

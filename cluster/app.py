@@ -1,0 +1,160 @@
+"""The Ray Serve application: a FastAPI ingress in front of worker replicas; `build_app` is its import path."""
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from ray import serve
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
+
+from cluster.api_models import ApiError, ChatCompletionRequest, CompletionRequest
+from cluster.cluster_view import RayClusterView, ServeWorkers
+from cluster.config import ServeConfig, config_from_dict, config_to_dict
+from cluster.gateway import Gateway
+from cluster.pinned_router import PinnedRequestRouter
+from cluster.worker_setup import start_worker
+from scheduler.autoscaling import serve_autoscaling_config
+from workers.checkpoint import load_model_card
+from workers.default_model import prepare_default_model
+from workers.engine_base import StoredChunk
+from workers.worker import Event, Job
+
+T = TypeVar("T")
+_END = object()
+
+api = FastAPI(title="blendserve", summary="OpenAI-compatible RAG serving with CacheBlend chunk-KV fusion")
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status_code, headers=error.headers)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+@serve.ingress(api)
+class Ingress:
+    """HTTP edge: each route hands the raw request to the Gateway and turns its answer into a response."""
+
+    def __init__(self, workers: DeploymentHandle, config: dict[str, Any]) -> None:
+        serve_config = config_from_dict(config)
+        model, tokenizer = load_model_card(serve_config.model.path or prepare_default_model())
+        self.gateway = Gateway(serve_config, model, tokenizer, ServeWorkers(workers), RayClusterView())
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._complete("chat", ChatCompletionRequest, request)
+
+    @api.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        return await self._complete("completions", CompletionRequest, request)
+
+    @api.post("/v1/documents")
+    async def documents(self, request: Request) -> Response:
+        return await self._answer("documents", self._store_documents(request))
+
+    @api.get("/v1/models")
+    async def models(self) -> Response:
+        return JSONResponse(self.gateway.models().model_dump())
+
+    @api.get("/healthz")
+    async def healthz(self) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @api.get("/readyz")
+    async def readyz(self) -> Response:
+        ready = await self.gateway.ready()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    @api.get("/metrics")
+    async def metrics(self) -> Response:
+        return Response(await self.gateway.render_metrics(), media_type="text/plain; version=0.0.4")
+
+    async def _complete(self, endpoint: str, kind: type, request: Request) -> Response:
+        return await self._answer(endpoint, self._generate(kind, request))
+
+    async def _generate(self, kind: type, request: Request) -> Any:
+        return await self.gateway.complete(kind, await self._body(request), request.headers)
+
+    async def _store_documents(self, request: Request) -> Any:
+        return await self.gateway.store_documents(await self._body(request), request.headers)
+
+    async def _body(self, request: Request) -> bytes:
+        """The raw body; a declared length over the limit is refused before it is read."""
+        limit = self.gateway.config.limits.max_request_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            message = f"body: {declared} bytes exceed the limit of {limit} bytes"
+            raise ApiError(413, message, None, "request_too_large")
+        return await request.body()
+
+    async def _answer(self, endpoint: str, work: Any) -> Response:
+        """Await the gateway; API errors become their 4xx/5xx, a stream becomes server-sent events."""
+        counter = self.gateway.metrics.requests
+        try:
+            answer = await work
+        except ApiError as error:
+            counter.labels(endpoint, str(error.status_code)).inc()
+            return _error_response(error)
+        except Exception as error:  # a worker died or failed mid-request: the ingress stays up
+            counter.labels(endpoint, "503").inc()
+            return _error_response(ApiError(503, f"the worker failed: {type(error).__name__}", None, "worker_error"))
+        counter.labels(endpoint, "200").inc()
+        if isinstance(answer, BaseModel):
+            return JSONResponse(answer.model_dump(mode="json"))
+        return StreamingResponse(answer, media_type="text/event-stream")
+
+
+@serve.deployment(request_router_config=RequestRouterConfig(request_router_class=PinnedRequestRouter))
+class WorkerDeployment:
+    """One worker replica: an engine that serves one job at a time; its id is the Serve replica id."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        worker_id = serve.get_replica_context().replica_id.unique_id
+        self._worker, self._heartbeat = start_worker(config_from_dict(config), worker_id)
+        self._lock = asyncio.Lock()
+
+    async def stream(self, job: Job, worker_id: str | None = None) -> AsyncIterator[Event]:
+        async with self._lock:
+            async for event in _in_thread(self._worker.run(job)):
+                yield event
+
+    async def store_documents(self, documents: list[str], namespace: str, worker_id: str | None = None) -> list[StoredChunk]:
+        async with self._lock:
+            return await asyncio.to_thread(self._worker.store_documents, documents, namespace)
+
+    def __del__(self) -> None:
+        self._heartbeat.stop()
+
+
+async def _in_thread(items: Iterator[T]) -> AsyncIterator[T]:
+    """Drive a blocking iterator from a worker thread, closing it however the consumer stops."""
+    try:
+        while (item := await asyncio.to_thread(next, items, _END)) is not _END:
+            yield item
+    finally:
+        await asyncio.to_thread(items.close)
+
+
+def worker_options(config: ServeConfig) -> dict[str, Any]:
+    """Replicas (or autoscaling), resources and concurrency of the worker deployment."""
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": config.workers.num_cpus, "num_gpus": config.workers.num_gpus},
+        # Admission bounds each worker's queue; Serve must not hold back what admission let through.
+        "max_ongoing_requests": config.admission.max_queued_per_worker + 1,
+    }
+    if config.autoscaling is None:
+        options["num_replicas"] = config.workers.num_replicas
+    else:
+        options["autoscaling_config"] = serve_autoscaling_config(config.autoscaling)
+    return options
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """The application `serve run cluster.app:build_app` or a RayService `import_path` loads."""
+    config = config_from_dict(args)
+    plain = config_to_dict(config)
+    workers = WorkerDeployment.options(**worker_options(config)).bind(plain)
+    return Ingress.bind(workers, plain)

@@ -1,0 +1,172 @@
+"""The ingress's logic: parse, resolve the tenant, route by cache affinity, admit, run on a worker, respond."""
+import math
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+
+from transformers import PreTrainedTokenizerBase
+
+from cluster.api_models import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DocumentsRequest,
+    check_model,
+    parse_request,
+)
+from cluster.api_responses import ChatCompletion, Completion, DocumentsResponse, ModelCard, ModelList, StoredDocument
+from cluster.cluster_view import ClusterView, WorkerClient
+from cluster.config import ServeConfig
+from cluster.metrics import ServeMetrics
+from cluster.prompting import check_context_length, prepare_request
+from cluster.responses import ResponseFrame, collect, sse
+from cluster.tenancy import tenant_of
+from kvplane.shard import SHARD_NAME_PREFIX
+from scheduler.admission import Admission, Rejected
+from scheduler.placement import worker_locations
+from scheduler.router import Router
+from scheduler.scoring import Chunk
+from workers.kvplane_store import chunk_store_key
+from workers.model_config import ModelConfig
+from workers.prompt import PromptLayout, PromptTemplate
+from workers.worker import Event, Finished, Job
+
+NO_WORKER_RETRY_AFTER_S = 5
+
+
+class Gateway:
+    """One per ingress replica; its admission counters and metrics belong to this replica alone."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        model: ModelConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        workers: WorkerClient,
+        cluster: ClusterView,
+    ) -> None:
+        self.config = config
+        self.served_model = config.model.served_name
+        self.max_context_tokens = model.max_position_embeddings
+        # K and V of one token in every layer, at the configured dtype's width.
+        width_bytes = 4 if config.model.dtype == "float32" else 2
+        self.bytes_per_token = model.num_layers * 2 * model.num_kv_heads * model.head_dim * width_bytes
+        prompt = config.prompt
+        self.template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
+        self.router = Router(config.router)
+        self.admission = Admission(config.admission)
+        self.metrics = ServeMetrics()
+        self.workers = workers
+        self.cluster = cluster
+        self.tokens_in_flight: dict[str, int] = defaultdict(int)
+        self.created = int(time.time())
+
+    async def complete(
+        self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, headers: Mapping[str, str]
+    ) -> ChatCompletion | Completion | AsyncIterator[bytes]:
+        """A chat or text completion: the whole response, or server-sent events when `stream` is set."""
+        request = parse_request(kind, body, self.config.limits)
+        check_model(request.model, self.served_model)
+        tenant = tenant_of(headers, self.config.server)
+        prepared = prepare_request(request, self.config)
+        blend = replace(prepared.blend, namespace=tenant)
+        prompt = self.template.layout(blend.documents, blend.question)
+        field = "messages" if kind is ChatCompletionRequest else "prompt"
+        max_new_tokens = blend.sampling.max_new_tokens
+        check_context_length(len(prompt.token_ids), max_new_tokens, self.max_context_tokens, field)
+        cost = len(prompt.token_ids) + max_new_tokens
+        worker_id = await self._admit(prompt, tenant, cost)
+        events = self._run(Job(blend, prepared.stop), worker_id, cost)
+        frame = ResponseFrame(kind is ChatCompletionRequest, self.served_model)
+        if prepared.stream:
+            return sse(frame, events, prepared.include_usage)
+        text, finished = await collect(events)
+        return frame.complete(text, finished)
+
+    async def store_documents(self, body: bytes, headers: Mapping[str, str]) -> DocumentsResponse:
+        """Compute and keep the KV of documents ahead of requests (idempotent)."""
+        request = parse_request(DocumentsRequest, body, self.config.limits)
+        check_model(request.model, self.served_model)
+        tenant = tenant_of(headers, self.config.server)
+        texts = [document.text for document in request.documents]
+        prompt = self.template.layout(texts, "")
+        for i, ids in enumerate(prompt.chunk_ids):
+            check_context_length(len(prompt.prefix_ids) + len(ids), 0, self.max_context_tokens, f"documents[{i}].text")
+        cost = len(prompt.token_ids)
+        worker_id = await self._admit(prompt, tenant, cost)
+        start_s = time.monotonic()
+        try:
+            stored = await self.workers.store_documents(texts, tenant, worker_id)
+        finally:
+            self._release(worker_id, cost, start_s)
+        data = [
+            StoredDocument(
+                id=document.id, key=chunk.key, num_tokens=chunk.num_tokens, tiers=chunk.tiers,
+                computed=chunk.computed, worker=worker_id,
+            )
+            for document, chunk in zip(request.documents, stored)
+        ]
+        return DocumentsResponse(data=data)
+
+    def models(self) -> ModelList:
+        """The one served model."""
+        return ModelList(data=[ModelCard(id=self.served_model, created=self.created)])
+
+    async def ready(self) -> bool:
+        """Whether some worker has its model loaded."""
+        return bool(await self.cluster.members())
+
+    async def render_metrics(self) -> bytes:
+        """Prometheus text, with queue depths and evictions read now."""
+        members = await self.cluster.members()
+        evictions = {(m.worker_id, tier): count for m in members for tier, count in m.evictions.items()}
+        evictions.update(await self.cluster.shard_evictions())
+        queues = {m.worker_id: self.admission.num_queued(m.worker_id) for m in members}
+        self.metrics.set_state(queues, evictions, len(members))
+        return self.metrics.render()
+
+    async def _admit(self, prompt: PromptLayout, tenant: str, cost: int) -> str:
+        """Route to the worker with the best cache affinity for load, and hold a slot in its queue."""
+        members = await self.cluster.members()
+        if not members:
+            message = "no worker is ready yet (the model is still loading); retry shortly"
+            headers = {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)}
+            raise ApiError(503, message, None, "service_unavailable", headers)
+        context = prompt.prefix_ids if self.config.engine.chunk_context == "prefix" else []
+        fingerprint = members[0].fingerprint
+        chunks = [
+            Chunk(chunk_store_key(fingerprint, tenant, ids, context), len(ids) * self.bytes_per_token)
+            for ids in prompt.chunk_ids
+        ]
+        copies = await self.cluster.copies([chunk.key for chunk in chunks]) if chunks else {}
+        holders = {holder for found in copies.values() for holder, _ in found}
+        shard_nodes = {h: h.removeprefix(SHARD_NAME_PREFIX) for h in holders if h.startswith(SHARD_NAME_PREFIX)}
+        worker_nodes = {m.worker_id: m.node_id for m in members}
+        locations = worker_locations(copies, worker_nodes, shard_nodes, self.config.router)
+        loads = {w: self.admission.load(w, self.tokens_in_flight[w]) for w in worker_nodes}
+        route = self.router.route(chunks, locations, loads)
+        self.metrics.routes.labels(route.reason.value).inc()
+        verdict = self.admission.try_admit(route.worker_id)
+        if isinstance(verdict, Rejected):
+            bound = self.config.admission.max_queued_per_worker
+            retry_after_s = math.ceil(verdict.retry_after_s)
+            message = f"every worker that could serve this is at its queue bound of {bound}; retry in {retry_after_s} s"
+            raise ApiError(429, message, None, "rate_limit_exceeded", {"Retry-After": str(retry_after_s)})
+        self.tokens_in_flight[route.worker_id] += cost
+        return route.worker_id
+
+    def _release(self, worker_id: str, cost: int, start_s: float) -> None:
+        self.admission.finish(worker_id, time.monotonic() - start_s)
+        self.tokens_in_flight[worker_id] -= cost
+
+    async def _run(self, job: Job, worker_id: str, cost: int) -> AsyncIterator[Event]:
+        """The worker's events; the queue slot is freed when they end, however they end."""
+        start_s = time.monotonic()
+        try:
+            async for event in self.workers.stream(job, worker_id):
+                if isinstance(event, Finished):
+                    self.metrics.observe(event)
+                yield event
+        finally:
+            self._release(worker_id, cost, start_s)

@@ -1,0 +1,115 @@
+"""Bring up one serving worker inside a Ray replica: its store over the node shard, engine, and heartbeat."""
+import logging
+import os
+import threading
+
+import ray
+import torch
+
+from cluster.config import ServeConfig
+from kvplane.index_reporter import IndexReporter
+from kvplane.location_index import launch_location_index
+from kvplane.shard import ShardConfig, ensure_local_shard
+from kvplane.shard_directory import ShardDirectory
+from kvplane.store import TieredStore
+from kvplane.worker_store import open_worker_store
+from scheduler.membership import launch_membership
+from workers.checkpoint import load_checkpoint
+from workers.default_model import prepare_default_model
+from workers.engine import BlendEngine
+from workers.fusion.base import FusionOptions
+from workers.kvplane_store import KVPlaneChunkStore
+from workers.prompt import PromptTemplate
+from workers.worker import Worker
+
+HEARTBEAT_INTERVAL_S = 1.0
+SHARD_REFRESH_EVERY = 10  # heartbeats between re-reading which node shards exist
+
+_log = logging.getLogger(__name__)
+
+
+def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tuple[TieredStore, ShardDirectory | None]:
+    """The worker's device tier, then its node's KVShard (ram, ssd) and the shared object tier, as configured."""
+    index = launch_location_index()
+    device, ram, ssd, shared = (config.tier(name) for name in ("device", "ram", "ssd", "object"))
+    directory = None
+    if ram is not None or ssd is not None:
+        shard = ShardConfig(
+            ram_capacity_bytes=0 if ram is None else ram.capacity_bytes,
+            ssd_url=None if ssd is None else ssd.url,
+            ssd_capacity_bytes=0 if ssd is None else ssd.capacity_bytes,
+            policy=(ram or ssd).policy,
+        )
+        ensure_local_shard(shard, index)
+        directory = ShardDirectory.discover(index)
+    store = open_worker_store(
+        device_capacity_bytes=0 if device is None else device.capacity_bytes,
+        directory=directory,
+        object_store=None if shared is None else shared.to_spec(),
+        policy="tinylfu" if device is None else device.policy,
+        # Sent at once: the router should see a chunk in this worker before the answer reaches the client.
+        listener=IndexReporter(index, worker_id, tiers=frozenset({"device"}), interval_s=0.0),
+        local_node_id=node_id,
+    )
+    return store, directory
+
+
+def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tuple[Worker, str]:
+    """The configured model in the reference engine over `store`, and the model's fingerprint."""
+    torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
+    checkpoint = load_checkpoint(config.model.path or prepare_default_model(), getattr(torch, config.model.dtype))
+    prompt = config.prompt
+    template = PromptTemplate(checkpoint.tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
+    engine = BlendEngine(
+        checkpoint,
+        FusionOptions(recompute_ratio=config.fusion.recompute_ratio),
+        KVPlaneChunkStore(store, checkpoint.fingerprint),
+        template,
+        config.engine.chunk_context,
+    )
+    return Worker(engine, worker_id), checkpoint.fingerprint
+
+
+class Heartbeat:
+    """Tells the membership actor every second that this worker is up, with its evictions so far."""
+
+    def __init__(
+        self, worker_id: str, node_id: str, fingerprint: str, store: TieredStore, directory: ShardDirectory | None
+    ) -> None:
+        self._membership = launch_membership()
+        self._args = (worker_id, node_id, fingerprint)
+        self._store = store
+        self._directory = directory
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="blendserve-heartbeat", daemon=True)
+        self.beat()
+        self._thread.start()
+
+    def beat(self) -> None:
+        """Report once."""
+        evictions = {tier: stats.evictions for tier, stats in self._store.stats().tiers.items() if tier == "device"}
+        self._membership.heartbeat.remote(*self._args, evictions)
+
+    def stop(self) -> None:
+        """Stop reporting and leave the membership."""
+        self._stopped.set()
+        self._membership.leave.remote(self._args[0])
+
+    def _loop(self) -> None:
+        count = 0
+        while not self._stopped.wait(HEARTBEAT_INTERVAL_S):
+            count += 1
+            try:
+                self.beat()
+                if self._directory is not None and count % SHARD_REFRESH_EVERY == 0:
+                    self._directory.refresh()
+            except Exception:  # a heartbeat must never kill the worker; the next one retries
+                _log.exception("blendserve: heartbeat failed")
+
+
+def start_worker(config: ServeConfig, worker_id: str) -> tuple[Worker, Heartbeat]:
+    """Load the model, open the store, then announce the worker (it is ready from here on)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    store, directory = open_serving_store(config, worker_id, node_id)
+    worker, fingerprint = load_worker(config, worker_id, store)
+    return worker, Heartbeat(worker_id, node_id, fingerprint, store, directory)

@@ -1,0 +1,63 @@
+"""A real Ray Serve deployment of the app on loopback: two worker replicas, the default model, temp data dir."""
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+SERVE_CONFIG = {
+    "workers": {"num_replicas": 2, "num_cpus": 1},
+    "engine": {"num_threads": 1},
+    "admission": {"max_queued_per_worker": 2, "initial_service_time_s": 2.0},
+    "limits": {"max_documents": 8, "max_tokens": 64, "default_max_tokens": 16, "max_request_body_bytes": 65536},
+}
+READY_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(base_url: str, num_workers: int) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            metrics = httpx.get(f"{base_url}/metrics", timeout=5).text
+            if f"blendserve_workers_ready {float(num_workers)}" in metrics:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"the app did not report {num_workers} ready workers within {READY_TIMEOUT_S} s")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of the running app; Ray, Serve and every actor are stopped afterwards."""
+    import ray
+    from ray import serve
+    from ray._private import ray_constants
+
+    from cluster.app import build_app
+
+    root: Path = tmp_path_factory.mktemp("serve")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+        patch.setenv("TMPDIR", str(root))
+        ray.init(num_cpus=4, include_dashboard=False, _temp_dir=str(root / "ray"), object_store_memory=200 << 20)
+        try:
+            port = _free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(build_app({**SERVE_CONFIG, "data_dir": str(root / "data")}), name="blendserve",
+                      route_prefix="/", blocking=False)
+            base_url = f"http://127.0.0.1:{port}"
+            _wait_ready(base_url, SERVE_CONFIG["workers"]["num_replicas"])
+            yield base_url
+        finally:
+            serve.shutdown()
+            ray.shutdown()

@@ -1,0 +1,137 @@
+"""The served app end to end: openai client, cache reuse, affinity, streaming, documents API, metrics."""
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+MODEL = "SmolLM2-135M-Instruct"
+DOCS = [
+    "The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It was completed in 1889.",
+    "Mount Fuji is the highest mountain in Japan, at 3,776 metres.",
+    "The Danube flows through Vienna, Budapest and Belgrade before it reaches the Black Sea.",
+]
+QUESTION = "In which city is the Eiffel Tower?"
+BLEND_KEYS = {"ttft_s", "mode", "recompute_ratio", "reused_tokens", "recomputed_tokens", "worker"}
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def chat(client: openai.OpenAI, documents: list[str], question: str = QUESTION, tenant: str | None = None, **extra):
+    headers = {"X-Tenant": tenant} if tenant else None
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=12,
+        extra_body={"documents": [{"text": d} for d in documents], **extra}, extra_headers=headers,
+    )
+
+
+def metric(server: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(httpx.get(f"{server}/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def test_chat_with_documents_answers_and_reuses_the_chunks_the_second_time(client, server):
+    first = chat(client, DOCS, tenant="reuse")
+    assert "paris" in first.choices[0].message.content.lower()
+    blend = first.model_extra["blend"]
+    assert set(blend) == BLEND_KEYS
+    assert blend["mode"] == "cacheblend" and blend["recompute_ratio"] == 0.15
+    assert blend["reused_tokens"] == {}  # nothing cached yet
+    assert first.usage.prompt_tokens == blend["recomputed_tokens"] > 0
+
+    reused_before = sum(metric(server, "blendserve_reused_tokens_total", tier=t) for t in ("device", "ram", "ssd"))
+    second = chat(client, [DOCS[2], "Budapest is the capital of Hungary.", DOCS[0], DOCS[1]], tenant="reuse")
+    again = second.model_extra["blend"]
+    assert again["worker"] == blend["worker"]  # routed to the replica holding the chunks
+    assert again["reused_tokens"].get("device", 0) > 0
+    assert again["recomputed_tokens"] < second.usage.prompt_tokens
+    assert again["ttft_s"] < blend["ttft_s"]
+    assert second.usage.prompt_tokens_details.cached_tokens == sum(again["reused_tokens"].values())
+    reused_after = sum(metric(server, "blendserve_reused_tokens_total", tier=t) for t in ("device", "ram", "ssd"))
+    assert reused_after - reused_before == sum(again["reused_tokens"].values())
+
+
+def test_tenants_do_not_share_cached_chunks(client):
+    chat(client, DOCS[:2], tenant="acme")
+    other = chat(client, DOCS[:2], tenant="globex").model_extra["blend"]
+    same = chat(client, DOCS[:2], tenant="acme").model_extra["blend"]
+    assert other["reused_tokens"] == {}
+    assert sum(same["reused_tokens"].values()) > 0
+
+
+def test_streaming_sends_deltas_then_the_blend_stats(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=12, stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"documents": [{"text": d} for d in DOCS], "blend": {"mode": "full_prefill"}},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "paris" in text.lower()
+    closing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(closing) == 1 and set(closing[0].model_extra["blend"]) == BLEND_KEYS
+    assert closing[0].model_extra["blend"]["mode"] == "full_prefill"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+    completion = "".join(
+        c.choices[0].text for c in client.completions.create(
+            model=MODEL, prompt=QUESTION, max_tokens=12, stream=True,
+            extra_body={"documents": [{"text": d} for d in DOCS], "blend": {"mode": "full_prefill"}},
+        )
+    )
+    assert completion.strip() == text.strip()
+
+
+def test_documents_api_is_idempotent_and_feeds_later_requests(server, client):
+    body = {"documents": [{"id": "danube", "text": DOCS[2]}, {"text": "Lake Baikal is the deepest lake."}]}
+    first = httpx.post(f"{server}/v1/documents", json=body, headers={"X-Tenant": "docs"}, timeout=120)
+    assert first.status_code == 200, first.text
+    stored = first.json()["data"]
+    assert [d["id"] for d in stored] == ["danube", None]
+    assert all(d["computed"] and "device" in d["tiers"] and d["num_tokens"] > 0 for d in stored)
+    again = httpx.post(f"{server}/v1/documents", json=body, headers={"X-Tenant": "docs"}, timeout=120).json()["data"]
+    assert [d["key"] for d in again] == [d["key"] for d in stored] and not any(d["computed"] for d in again)
+
+    answer = chat(client, [DOCS[2]], "Which sea does the Danube reach?", tenant="docs").model_extra["blend"]
+    assert answer["worker"] == stored[0]["worker"]
+    assert sum(answer["reused_tokens"].values()) >= stored[0]["num_tokens"]
+
+
+def test_shared_chunks_go_to_their_holder_until_it_is_full(server, client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    docs = ["Ottawa is the capital of Canada.", "Canberra is the capital of Australia."]
+    home = chat(client, docs, "What is the capital of Canada?", tenant="spread").model_extra["blend"]["worker"]
+
+    def ask(i: int) -> httpx.Response:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": f"Capital of Australia? ({i})"}],
+                "documents": [{"text": d} for d in docs], "max_tokens": 48}
+        return httpx.post(f"{server}/v1/chat/completions", json=body, headers={"X-Tenant": "spread"}, timeout=180)
+
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(ask, range(6)))
+    served = [r.json()["blend"]["worker"] for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code == 429]
+    assert served.count(home) == 2  # its queue bound; then the others spill over
+    assert len(set(served)) == 2
+    assert len(served) + len(refused) == 6 and refused  # two workers x two slots < six requests
+    assert all(int(r.headers["Retry-After"]) >= 1 and "queue bound" in r.json()["error"]["message"] for r in refused)
+    # Queued work outweighs the holder's affinity, so the second worker takes the overflow by score.
+    assert metric(server, "blendserve_routes_total", reason="saturated") >= len(refused)
+
+
+def test_models_health_and_metrics(server):
+    assert httpx.get(f"{server}/v1/models").json()["data"][0]["id"] == MODEL
+    assert httpx.get(f"{server}/healthz").status_code == 200
+    assert httpx.get(f"{server}/readyz").json() == {"ready": True}
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{server}/metrics").text)}
+    for name in ("blendserve_requests", "blendserve_ttft_seconds", "blendserve_reused_tokens",
+                 "blendserve_recompute_ratio", "blendserve_queue_depth", "blendserve_kv_evictions"):
+        assert name in families, name
+    assert families["blendserve_ttft_seconds"].type == "histogram"
+    assert any(s.value > 0 for s in families["blendserve_requests"].samples)
