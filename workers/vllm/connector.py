@@ -114,7 +114,9 @@ class BlendKVConnector(KVConnectorBase_V1):
             v = kv[layer, 1, load.start : load.end].to(device=cache.device, dtype=self._dtype).contiguous()
             attn.impl.do_kv_cache_update(attn, k, v, cache, slots.to(cache.device))
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: "AttentionMetadata", **kwargs: Any
+    ) -> None:
         """Load-only connector: nothing to save."""
 
     def wait_for_save(self) -> None:
@@ -122,6 +124,6 @@ class BlendKVConnector(KVConnectorBase_V1):
         if self._layers_left:
             missing = sorted(self._layers_left)
             self._layers_left = set()
-            raise RuntimeError(f"context KV was never written for layers {missing[:3]}... (wait_for_layer_load not called)")
+            raise RuntimeError(f"context KV never written for layers {missing[:3]}... (no wait_for_layer_load call)")
         self._step = []
         self._forward_context = None

@@ -37,7 +37,9 @@ def set_cpu_env(scratch: Path, in_process: bool = True) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
 
 
-def llm_kwargs(model_path: Path, max_model_len: int = 8192, with_connector: bool = True, **overrides: Any) -> dict[str, Any]:
+def llm_kwargs(
+    model_path: Path, max_model_len: int = 8192, with_connector: bool = True, **overrides: Any
+) -> dict[str, Any]:
     """Keyword arguments of vllm.LLM for a CPU engine; prefix caching off so fused KV never enters vLLM's cache."""
     kwargs: dict[str, Any] = {
         "model": str(model_path),

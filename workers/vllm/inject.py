@@ -21,7 +21,8 @@ def with_context_kv(sampling: SamplingParams, kv: torch.Tensor, file: Path | Non
     else:
         params = ContextKVParams(num_tokens, path=str(save_kv_file(kv, file)))
     extra = dict(sampling.extra_args or {})
-    extra["kv_transfer_params"] = {**extra.get("kv_transfer_params", {}), **params.as_extra_args()["kv_transfer_params"]}
+    ours = params.as_extra_args()["kv_transfer_params"]
+    extra["kv_transfer_params"] = {**extra.get("kv_transfer_params", {}), **ours}
     out = sampling.clone()
     out.extra_args = extra
     return out

