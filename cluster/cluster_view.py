@@ -2,10 +2,10 @@
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-import ray
 from ray.serve.handle import DeploymentHandle
 
 from kvplane.location_index import launch_location_index
+from kvplane.namespace import named_actors
 from kvplane.shard import SHARD_NAME_PREFIX
 from scheduler.membership import Member, launch_membership
 from workers.engine_base import StoredChunk
@@ -54,10 +54,9 @@ class RayClusterView:
 
     async def shard_evictions(self) -> dict[tuple[str, str], int]:
         evictions = {}
-        for name in ray.util.list_named_actors():
-            if name.startswith(SHARD_NAME_PREFIX):
-                stats = await ray.get_actor(name).stats.remote()
-                evictions.update({(name, tier): s.evictions for tier, s in stats.tiers.items()})
+        for name, shard in named_actors(SHARD_NAME_PREFIX).items():
+            stats = await shard.stats.remote()
+            evictions.update({(name, tier): s.evictions for tier, s in stats.tiers.items()})
         return evictions
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import ray
 from ray.actor import ActorHandle
 
+from kvplane.namespace import RAY_NAMESPACE
+
 INDEX_ACTOR_NAME = "kvplane-location-index"
 
 PlacementEvent = tuple[str, str, int]
@@ -79,4 +81,5 @@ class LocationIndexActor(LocationIndex):
 
 def launch_location_index() -> ActorHandle:
     """The cluster's location index actor, started (detached, outliving its starter) if it is not running yet."""
-    return LocationIndexActor.options(name=INDEX_ACTOR_NAME, get_if_exists=True, lifetime="detached").remote()
+    options = {"name": INDEX_ACTOR_NAME, "namespace": RAY_NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
+    return LocationIndexActor.options(**options).remote()

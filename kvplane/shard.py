@@ -9,6 +9,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvplane.buffers import owned_blob
 from kvplane.index_reporter import IndexReporter
+from kvplane.namespace import RAY_NAMESPACE
 from kvplane.stats import StoreStats
 from kvplane.store import TieredStore
 from kvplane.tier_spec import TierSpec
@@ -115,6 +116,7 @@ def launch_shards(config: ShardConfig, index: ActorHandle | None = None) -> dict
     for node_id in _alive_node_ids():
         shards[shard_name(node_id)] = KVShard.options(
             name=shard_name(node_id),
+            namespace=RAY_NAMESPACE,
             get_if_exists=True,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(config, node_id, index)
@@ -127,6 +129,7 @@ def ensure_local_shard(config: ShardConfig, index: ActorHandle | None = None) ->
     node_id = ray.get_runtime_context().get_node_id()
     shard = KVShard.options(
         name=shard_name(node_id),
+        namespace=RAY_NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),

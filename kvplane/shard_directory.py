@@ -7,6 +7,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
+from kvplane.namespace import named_actors
 from kvplane.rendezvous import home_shard
 from kvplane.shard import SHARD_NAME_PREFIX
 
@@ -23,7 +24,7 @@ class ShardDirectory:
 
     @classmethod
     def discover(cls, index: ActorHandle | None = None) -> "ShardDirectory":
-        """The shards registered under their names in this Ray namespace."""
+        """The shards registered under their names in blendserve's Ray namespace."""
         return cls(_registered_shards(), index)
 
     def refresh(self) -> None:
@@ -64,11 +65,4 @@ class ShardDirectory:
 
 
 def _registered_shards() -> dict[str, ActorHandle]:
-    shards = {}
-    for name in ray.util.list_named_actors():
-        if name.startswith(SHARD_NAME_PREFIX):
-            try:
-                shards[name] = ray.get_actor(name)
-            except ValueError:  # died between listing and lookup
-                continue
-    return shards
+    return named_actors(SHARD_NAME_PREFIX)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 import ray
 from ray.actor import ActorHandle
 
+from kvplane.namespace import RAY_NAMESPACE
+
 from scheduler.checks import check, check_positive
 
 MEMBERSHIP_ACTOR_NAME = "blendserve-membership"
@@ -54,5 +56,5 @@ class MembershipActor(Membership):
 
 def launch_membership() -> ActorHandle:
     """The cluster's membership actor, started (detached) if it is not running yet."""
-    options = {"name": MEMBERSHIP_ACTOR_NAME, "get_if_exists": True, "lifetime": "detached"}
+    options = {"name": MEMBERSHIP_ACTOR_NAME, "namespace": RAY_NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
     return MembershipActor.options(**options).remote()

@@ -281,7 +281,7 @@ def test_models_and_documents_responses_have_the_list_shape() -> None:
     models = ModelList(data=[{"id": "SmolLM2-135M-Instruct", "created": 0}]).model_dump()
     card = {"id": "SmolLM2-135M-Instruct", "object": "model", "created": 0, "owned_by": "blendserve"}
     assert models == {"object": "list", "data": [card]}
-    entry = {"id": "d1", "key": "k", "num_tokens": 7, "tiers": ["ram", "ssd"], "computed": True}
+    entry = {"id": "d1", "key": "k", "num_tokens": 7, "tiers": ["ram", "ssd"], "computed": True, "worker": "w1"}
     stored = DocumentsResponse(data=[entry])
     assert stored.model_dump()["data"][0]["tiers"] == ["ram", "ssd"]
 

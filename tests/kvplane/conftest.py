@@ -49,7 +49,7 @@ def s3_spec(s3_endpoint: str) -> TierSpec:
     return TierSpec("s3", f"s3://{BUCKET}/{uuid.uuid4().hex}", 1 << 30, "lru", s3_storage_options(s3_endpoint))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """Two Ray nodes on loopback (one CPU each), with Ray's files in a test-owned folder."""
     import ray

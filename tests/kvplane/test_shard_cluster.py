@@ -9,7 +9,8 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvplane.entry import KVEntry
-from kvplane.location_index import launch_location_index
+from kvplane.location_index import INDEX_ACTOR_NAME, launch_location_index
+from kvplane.namespace import RAY_NAMESPACE
 from kvplane.rendezvous import home_shard
 from kvplane.shard import ShardConfig, launch_shards, shard_name
 from kvplane.shard_directory import ShardDirectory
@@ -65,14 +66,14 @@ def test_a_chunk_put_on_one_node_is_read_on_the_other(shards: dict[str, ActorHan
     home = home_shard(entry.key, shards)
     assert ray.get(shards[home].locate.remote(entry.key)) == "ram"
     ray.get(shards[home].flush.remote())
-    index = ray.get_actor("kvplane-location-index")
+    index = ray.get_actor(INDEX_ACTOR_NAME, namespace=RAY_NAMESPACE)
     tiers = {loc.tier for loc in ray.get(index.lookup.remote([entry.key]))[entry.key] if loc.holder == home}
     assert tiers == {"ram", "ssd"}
 
 
 def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle], make_entry: EntryFactory) -> None:
     entries = [make_entry(seed) for seed in range(100, 110)]
-    directory = ShardDirectory.discover(index=ray.get_actor("kvplane-location-index"))
+    directory = ShardDirectory.discover(index=ray.get_actor(INDEX_ACTOR_NAME, namespace=RAY_NAMESPACE))
     with open_worker_store(1, directory) as writer:
         for entry in entries:
             writer.put(entry)
@@ -99,6 +100,6 @@ def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle
     assert directory.invalidate(FINGERPRINT) >= len(kept) + 1
     with open_worker_store(1, directory) as reader:
         assert all(reader.get(e.key) is None for e in [*kept, newcomer])
-    index = ray.get_actor("kvplane-location-index")
+    index = ray.get_actor(INDEX_ACTOR_NAME, namespace=RAY_NAMESPACE)
     holders = {loc.holder for locs in ray.get(index.lookup.remote([e.key for e in lost])).values() for loc in locs}
     assert victim not in holders
