@@ -195,3 +195,14 @@ def test_the_documented_example_loads(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.model.served_name == "SmolLM2-360M-Instruct" and config.autoscaling is not None
     assert [tier.name for tier in config.tiers or ()] == ["device", "ram", "ssd", "object"]
+
+
+def test_serve_command_refuses_a_bad_configuration_naming_the_field(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cluster.cli import app
+
+    path = write_yaml(tmp_path, {"server": {"port": 0}})
+    result = CliRunner().invoke(app, ["serve", "--config", str(path)])
+    assert result.exit_code != 0
+    assert "server.port" in result.output

@@ -1,0 +1,85 @@
+"""Gateway logic with a scripted cluster and workers (the real app is tested in test_serving.py)."""
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cluster.api_models import ApiError, ChatCompletionRequest
+from cluster.config import ServeConfig
+from cluster.gateway import Gateway
+from scheduler.membership import Member
+from workers.checkpoint import load_model_card
+from workers.default_model import prepare_default_model
+from workers.engine_base import StoredChunk
+from workers.worker import Finished, Job, TextDelta
+
+class ScriptedCluster:
+    def __init__(self, members: list[Member], holder: str | None = None) -> None:
+        self._members = members
+        self._holder = holder
+
+    async def members(self) -> list[Member]:
+        return self._members
+
+    async def copies(self, keys: list[str]) -> dict[str, list[tuple[str, str]]]:
+        return {key: [(self._holder, "device")] if self._holder else [] for key in keys}
+
+    async def shard_evictions(self) -> dict[tuple[str, str], int]:
+        return {}
+
+
+class ScriptedWorkers:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[str] = []
+        self._fail = fail
+
+    async def stream(self, job: Job, worker_id: str) -> AsyncIterator[TextDelta | Finished]:
+        self.calls.append(worker_id)
+        yield TextDelta("Paris")
+        if self._fail:
+            raise ConnectionError("replica died")
+        yield Finished("stop", 10, 2, 0.1, "cacheblend", 0.15, {}, 10, worker_id)
+
+    async def store_documents(self, documents: list[str], namespace: str, worker_id: str) -> list[StoredChunk]:
+        return []
+
+
+@pytest.fixture(scope="module")
+def card():
+    return load_model_card(prepare_default_model())
+
+
+def gateway(card, cluster, workers) -> Gateway:
+    model, tokenizer = card
+    return Gateway(ServeConfig(), model, tokenizer, workers, cluster)
+
+
+def request_body() -> bytes:
+    body = {"messages": [{"role": "user", "content": "Where?"}], "documents": [{"text": "Paris is in France."}]}
+    return json.dumps(body).encode()
+
+
+def test_no_ready_worker_is_a_503_with_retry_after(card):
+    with pytest.raises(ApiError) as caught:
+        gate = gateway(card, ScriptedCluster([]), ScriptedWorkers())
+        asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
+    assert caught.value.status_code == 503 and caught.value.headers["Retry-After"] == "5"
+
+
+def test_the_worker_holding_the_chunks_gets_the_request(card):
+    members = [Member("w-a", "n1", "fp"), Member("w-b", "n1", "fp")]
+    workers = ScriptedWorkers()
+    gate = gateway(card, ScriptedCluster(members, "w-b"), workers)
+    response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
+    assert workers.calls == ["w-b"]
+    assert response.blend.worker == "w-b" and response.choices[0].message.content == "Paris"
+
+
+def test_a_failing_worker_frees_its_queue_slot(card):
+    members = [Member("w-a", "n1", "fp")]
+    gate = gateway(card, ScriptedCluster(members), ScriptedWorkers(fail=True))
+    for _ in range(3):
+        with pytest.raises(ConnectionError):
+            asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
+    assert gate.admission.num_queued("w-a") == 0 and gate.tokens_in_flight["w-a"] == 0
