@@ -1,4 +1,5 @@
 """The ingress's logic: parse, resolve the tenant, route by cache affinity, admit, run on a worker, respond."""
+import logging
 import math
 import time
 from collections import defaultdict
@@ -16,7 +17,7 @@ from cluster.api_models import (
     parse_request,
 )
 from cluster.api_responses import ChatCompletion, Completion, DocumentsResponse, ModelCard, ModelList, StoredDocument
-from cluster.cluster_view import ClusterView, WorkerClient
+from cluster.cluster_view import ClusterView, Copies, WorkerClient
 from cluster.config import ServeConfig
 from cluster.metrics import ServeMetrics
 from cluster.prompting import check_context_length, prepare_request
@@ -33,6 +34,8 @@ from workers.prompt import PromptLayout, PromptTemplate
 from workers.worker import Event, Finished, Job
 
 NO_WORKER_RETRY_AFTER_S = 5
+
+_log = logging.getLogger(__name__)
 
 
 class Gateway:
@@ -121,7 +124,10 @@ class Gateway:
         """Prometheus text, with queue depths and evictions read now."""
         members = await self.cluster.members()
         evictions = {(m.worker_id, tier): count for m in members for tier, count in m.evictions.items()}
-        evictions.update(await self.cluster.shard_evictions())
+        try:
+            evictions.update(await self.cluster.shard_evictions())
+        except Exception:  # a shard that does not answer leaves its series out of this scrape
+            _log.warning("blendserve: a shard did not report its stats", exc_info=True)
         queues = {m.worker_id: self.admission.num_queued(m.worker_id) for m in members}
         self.metrics.set_state(queues, evictions, len(members))
         return self.metrics.render()
@@ -139,7 +145,7 @@ class Gateway:
             Chunk(chunk_store_key(fingerprint, tenant, ids, context), len(ids) * self.bytes_per_token)
             for ids in prompt.chunk_ids
         ]
-        copies = await self.cluster.copies([chunk.key for chunk in chunks]) if chunks else {}
+        copies = await self._copies([chunk.key for chunk in chunks]) if chunks else {}
         holders = {holder for found in copies.values() for holder, _ in found}
         shard_nodes = {h: h.removeprefix(SHARD_NAME_PREFIX) for h in holders if h.startswith(SHARD_NAME_PREFIX)}
         worker_nodes = {m.worker_id: m.node_id for m in members}
@@ -155,6 +161,14 @@ class Gateway:
             raise ApiError(429, message, None, "rate_limit_exceeded", {"Retry-After": str(retry_after_s)})
         self.tokens_in_flight[route.worker_id] += cost
         return route.worker_id
+
+    async def _copies(self, keys: list[str]) -> Copies:
+        """Where the chunks are cached; the index only steers routing, so when it fails requests route cold."""
+        try:
+            return await self.cluster.copies(keys)
+        except Exception:
+            _log.warning("blendserve: the location index did not answer; routing without cache affinity", exc_info=True)
+            return {}
 
     def _release(self, worker_id: str, cost: int, start_s: float) -> None:
         self.admission.finish(worker_id, time.monotonic() - start_s)

@@ -15,14 +15,17 @@ from workers.engine_base import StoredChunk
 from workers.worker import Finished, Job, TextDelta
 
 class ScriptedCluster:
-    def __init__(self, members: list[Member], holder: str | None = None) -> None:
+    def __init__(self, members: list[Member], holder: str | None = None, index_down: bool = False) -> None:
         self._members = members
         self._holder = holder
+        self._index_down = index_down
 
     async def members(self) -> list[Member]:
         return self._members
 
     async def copies(self, keys: list[str]) -> dict[str, list[tuple[str, str]]]:
+        if self._index_down:
+            raise ConnectionError("location index is gone")
         return {key: [(self._holder, "device")] if self._holder else [] for key in keys}
 
     async def shard_evictions(self) -> dict[tuple[str, str], int]:
@@ -83,3 +86,12 @@ def test_a_failing_worker_frees_its_queue_slot(card):
         with pytest.raises(ConnectionError):
             asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
     assert gate.admission.num_queued("w-a") == 0 and gate.tokens_in_flight["w-a"] == 0
+
+
+def test_a_dead_location_index_routes_cold_instead_of_failing(card):
+    members = [Member("w-a", "n1", "fp"), Member("w-b", "n1", "fp")]
+    workers = ScriptedWorkers()
+    gate = gateway(card, ScriptedCluster(members, "w-b", index_down=True), workers)
+    response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
+    assert response.choices[0].message.content == "Paris" and len(workers.calls) == 1
+    assert 'blendserve_routes_total{reason="cold"} 1.0' in gate.metrics.render().decode()
