@@ -74,9 +74,9 @@ class LocationIndex:
         return [holder for holder, keys in self._keys_by_holder.items() if keys]
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class LocationIndexActor(LocationIndex):
-    """Ray actor shell over LocationIndex: one per cluster, named INDEX_ACTOR_NAME."""
+    """Ray actor shell over LocationIndex, named INDEX_ACTOR_NAME; restarted empty if it dies (events refill it)."""
 
 
 def launch_location_index() -> ActorHandle:

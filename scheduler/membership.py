@@ -49,9 +49,9 @@ class Membership:
         return sorted(self._members.values(), key=lambda m: m.worker_id)
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class MembershipActor(Membership):
-    """Ray actor shell over Membership: one per cluster, named MEMBERSHIP_ACTOR_NAME."""
+    """Ray actor shell over Membership, named MEMBERSHIP_ACTOR_NAME; restarted empty if it dies (heartbeats refill it)."""
 
 
 def launch_membership() -> ActorHandle:
