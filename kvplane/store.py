@@ -112,11 +112,13 @@ class TieredStore:
             self._count_miss(key)
         return None
 
-    def read_layers(self, key: str) -> LayerStream | None:
-        """The chunk layer by layer (`[2, T, H_kv, D]` each) from the fastest tier holding it, or None."""
+    def read_layers(self, key: str, tier: str | None = None) -> LayerStream | None:
+        """The chunk layer by layer (`[2, T, H_kv, D]` each) from `tier`, else the fastest tier holding it, or None."""
         # Each layer is one byte-range read, checked before it is yielded. A layer lost mid-stream is
-        # read from a lower tier; iteration raises ChunkLost only when no tier has it.
-        found = find_header(self._levels, key, 0)
+        # read from a lower tier; iteration raises ChunkLost only when no tier has it. A chosen tier
+        # that no longer holds the chunk falls through to the tiers below it, then to those above.
+        first = self._level_index(key, tier)
+        found = find_header(self._levels, key, first) or (find_header(self._levels, key, 0) if first else None)
         if found is None:
             self._count_miss(key)
             return None
@@ -128,6 +130,15 @@ class TieredStore:
 
         layers = stream_layers(self._levels, key, index, header, head, promote)
         return LayerStream(header, self._levels[index].name, layers)
+
+    def _level_index(self, key: str, tier: str | None) -> int:
+        """Index of the level named `tier` (or whose inner tier of that name holds `key`); 0 for None or unknown."""
+        if tier is None:
+            return 0
+        named = next((index for index, level in enumerate(self._levels) if level.name == tier), None)
+        if named is not None:
+            return named
+        return next((index for index, level in enumerate(self._levels) if level.label_of(key) == tier), 0)
 
     def locate(self, key: str) -> str | None:
         """Name of the fastest tier holding `key`, or None."""

@@ -1,4 +1,5 @@
 """A chunk's KV cache computed once, to be reused wherever the chunk appears in a prompt."""
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,27 @@ class ChunkKV:
     def num_tokens(self) -> int:
         """How many tokens the chunk holds."""
         return len(self.token_ids)
+
+
+@dataclass(slots=True)
+class ChunkLayers:
+    """A cached chunk read layer by layer: K rotated for base_position.., each layer `[2, T, H_kv, D]` in order."""
+
+    token_ids: list[int]
+    layers: Iterator[torch.Tensor]
+    num_layers: int
+    base_position: int = 0
+    source_tier: str = "computed"
+
+    @property
+    def num_tokens(self) -> int:
+        """How many tokens the chunk holds."""
+        return len(self.token_ids)
+
+    @classmethod
+    def of(cls, chunk: ChunkKV) -> "ChunkLayers":
+        """The layers of a chunk already in memory."""
+        return cls(chunk.token_ids, iter(chunk.kv), chunk.kv.shape[0], chunk.base_position, chunk.source_tier)
 
 
 @torch.inference_mode()

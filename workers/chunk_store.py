@@ -4,7 +4,7 @@ from typing import Protocol
 
 import xxhash
 
-from workers.chunk_kv import ChunkKV
+from workers.chunk_kv import ChunkKV, ChunkLayers
 
 DEFAULT_NAMESPACE = "default"
 LOCAL_TIER = "local"
@@ -29,6 +29,26 @@ class ChunkStore(Protocol):
         """Finish writes still in flight, so every tier reports what it will hold."""
 
 
+class LayeredChunkStore(ChunkStore, Protocol):
+    """A chunk store that can also hand out a chunk layer by layer, from a chosen tier (optional in ChunkStore)."""
+
+    def read_layers(
+        self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE, tier: str | None = None
+    ) -> ChunkLayers | None:
+        """The chunk's layers from `tier` (the fastest holding it when None or gone there), or None on a miss."""
+
+
+def read_chunk_layers(
+    store: ChunkStore, token_ids: list[int], context_ids: list[int], namespace: str, tier: str | None = None
+) -> ChunkLayers | None:
+    """Layer by layer where the store supports it, else the whole chunk through `get`."""
+    read_layers = getattr(store, "read_layers", None)
+    if read_layers is not None:
+        return read_layers(token_ids, context_ids, namespace, tier)
+    chunk = store.get(token_ids, context_ids, namespace)
+    return None if chunk is None else ChunkLayers.of(chunk)
+
+
 class LocalChunkStore:
     """An unbounded in-process store keyed by namespace and the exact token ids."""
 
@@ -38,6 +58,12 @@ class LocalChunkStore:
     def get(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> ChunkKV | None:
         found = self.entries.get((namespace, tuple(context_ids), tuple(token_ids)))
         return None if found is None else replace(found, source_tier=LOCAL_TIER)
+
+    def read_layers(
+        self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE, tier: str | None = None
+    ) -> ChunkLayers | None:
+        found = self.get(token_ids, context_ids, namespace)
+        return None if found is None else ChunkLayers.of(found)
 
     def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         self.entries[(namespace, tuple(context_ids), tuple(chunk.token_ids))] = chunk

@@ -1,4 +1,5 @@
 """The reference torch engine: lay out a RAG request, fuse cached chunk KV with the chosen mode, decode."""
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -7,11 +8,16 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from workers.checkpoint import Checkpoint
-from workers.chunk_kv import ChunkKV, compute_chunk_kv
+from kvplane.layer_stream import ChunkLost
+from workers.chunk_kv import compute_chunk_kv
+from workers.chunk_lookup import LookupResult, lookup_layout
 from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore
+from workers.controller import LoadingController
 from workers.decode import iter_decode
 from workers.engine_base import Engine, StoredChunk
 from workers.fusion.base import FusionOptions
+from workers.fusion.full_prefill import FullPrefill
+from workers.fusion.layer_feed import LayerLoader, PipelinedLoader, ignore_fetch
 from workers.fusion.layout import PREFIX, SUFFIX, BlendLayout
 from workers.fusion.registry import make_fusion_modes
 from workers.fusion.selective_pass import PrefillResult
@@ -21,6 +27,8 @@ from workers.runner import ModelRunner
 from workers.sampling import SamplingParams
 
 CHUNK_CONTEXTS = ("alone", "prefix")
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +89,12 @@ class Generation:
 
 
 class BlendEngine(Engine):
-    """One model, one chunk store, every fusion mode; serves one request at a time."""
+    """One model, one chunk store, every fusion mode; serves one request at a time.
+
+    `loader` decides how cached KV arrives (pipelined with recompute by default; EagerLoader loads it all
+    first). With a `controller` (settable later, e.g. once calibrated), each request's ratio and per-chunk
+    tier or recompute follow its plan.
+    """
 
     def __init__(
         self,
@@ -90,6 +103,8 @@ class BlendEngine(Engine):
         store: ChunkStore | None = None,
         template: PromptTemplate | None = None,
         chunk_context: str = "prefix",
+        loader: LayerLoader | None = None,
+        controller: LoadingController | None = None,
     ) -> None:
         if chunk_context not in CHUNK_CONTEXTS:
             raise ValueError(f"chunk_context must be one of {CHUNK_CONTEXTS}, got {chunk_context!r}")
@@ -100,6 +115,15 @@ class BlendEngine(Engine):
         self.template = template or PromptTemplate(checkpoint.tokenizer)
         self.chunk_context = chunk_context
         self.stop_token_ids = tuple(checkpoint.config.eos_token_ids) or (checkpoint.tokenizer.eos_token_id,)
+        self.loader = loader if loader is not None else PipelinedLoader()
+        self.controller = controller
+        self.blending_refused: str | None = None
+
+    def refuse_blending(self, reason: str) -> None:
+        """Serve every request with full prefill from now on (the canary gate failed); stats name the mode used."""
+        full = FullPrefill(self.options)
+        self.modes = {name: mode if not mode.reads_chunk_cache else full for name, mode in self.modes.items()}
+        self.blending_refused = reason
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -155,11 +179,12 @@ class BlendEngine(Engine):
             sampling = replace(sampling, stop_token_ids=self.stop_token_ids)
         start_s = time.perf_counter()
         prompt = self.layout(request.documents, request.question)
-        cache, prefill, layout = self.fuse(prompt, request.mode, ratio, sampling.max_new_tokens, request.namespace)
+        cache, prefill, lookup = self._fuse(prompt, request.mode, ratio, sampling.max_new_tokens, request.namespace)
+        layout = lookup.layout
         first_logits = self.runner.logits(prefill.last_hidden[None])[0]
         stats = PrefillStats(
-            mode=request.mode,
-            recompute_ratio=ratio,
+            mode=mode.name,
+            recompute_ratio=lookup.ratio if prefill.recompute_ratio is None else prefill.recompute_ratio,
             ttft_s=time.perf_counter() - start_s,
             num_prompt_tokens=layout.num_tokens,
             context_tokens=layout.num_context_tokens,
@@ -174,7 +199,7 @@ class BlendEngine(Engine):
         def write_back() -> None:
             if mode.reads_chunk_cache:
                 for seg in layout.segments:
-                    if seg.cached is None and seg.kind != SUFFIX:
+                    if seg.cached is None and not seg.held and seg.kind != SUFFIX:
                         ids = layout.token_ids[seg.start : seg.end].tolist()
                         self._store(ids, seg.kind == PREFIX, prompt, request.namespace)
 
@@ -196,30 +221,54 @@ class BlendEngine(Engine):
         namespace: str = DEFAULT_NAMESPACE,
     ) -> tuple[KVCache, PrefillResult, BlendLayout]:
         """Fill a KV cache for the whole prompt with one fusion mode (no decoding)."""
-        mode = self.modes[mode_name]
-        layout = self._blend_layout(prompt, mode.reads_chunk_cache, namespace)
+        cache, prefill, lookup = self._fuse(prompt, mode_name, ratio, extra_capacity, namespace)
+        return cache, prefill, lookup.layout
+
+    def _fuse(
+        self, prompt: PromptLayout, mode_name: str, ratio: float, extra_capacity: int, namespace: str
+    ) -> tuple[KVCache, PrefillResult, LookupResult]:
+        """Look up, then run the mode's pass with the cached KV arriving through the loader."""
         limit = self.runner.config.max_position_embeddings
-        if layout.num_tokens + extra_capacity > limit:
+        if len(prompt.token_ids) + extra_capacity > limit:
             raise ValueError(
-                f"prompt of {layout.num_tokens} tokens plus max_tokens {extra_capacity} exceeds the "
+                f"prompt of {len(prompt.token_ids)} tokens plus max_tokens {extra_capacity} exceeds the "
                 f"model's context of {limit} tokens"
             )
-        cache = self.runner.new_cache(layout.num_tokens + extra_capacity)
-        return cache, mode.prefill(self.runner, layout, cache, ratio), layout
+        try:
+            return self._fuse_once(prompt, mode_name, ratio, extra_capacity, namespace)
+        except ChunkLost as err:  # a chunk vanished mid-stream from every tier: look everything up again
+            _log.warning("blendserve: %s; retrying the request's lookups", err)
+            return self._fuse_once(prompt, mode_name, ratio, extra_capacity, namespace)
 
-    def _blend_layout(self, prompt: PromptLayout, reads_cache: bool, namespace: str) -> BlendLayout:
+    def _fuse_once(
+        self, prompt: PromptLayout, mode_name: str, ratio: float, extra_capacity: int, namespace: str
+    ) -> tuple[KVCache, PrefillResult, LookupResult]:
+        mode = self.modes[mode_name]
+        lookup = self._lookup_layout(prompt, mode.reads_chunk_cache, namespace, ratio)
+        cache = self.runner.new_cache(lookup.layout.num_tokens + extra_capacity)
+        observe = self.controller.observe if self.controller is not None else ignore_fetch
+        with self.loader.start(lookup.layout, cache, self.runner.inv_freq, observe) as feed:
+            prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.ratio, feed)
+        return cache, prefill, lookup
+
+    def _lookup_layout(self, prompt: PromptLayout, reads_cache: bool, namespace: str, ratio: float) -> LookupResult:
         if not reads_cache:
-            return BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None)
-        cached = [self._lookup(ids, False, prompt, namespace) for ids in prompt.chunk_ids]
-        prefix = self._lookup(prompt.prefix_ids, True, prompt, namespace) if prompt.prefix_ids else None
-        return BlendLayout.build(prompt, cached, prefix)
+            return LookupResult(BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None), ratio)
+        cfg = self.runner.config
+        layer_bytes_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * self.runner.dtype.itemsize
+        return lookup_layout(
+            self.store,
+            prompt,
+            lambda is_prefix: self._context_ids(is_prefix, prompt),
+            namespace,
+            ratio,
+            self.controller,
+            layer_bytes_per_token,
+        )
 
     def _context_ids(self, is_prefix: bool, prompt: PromptLayout) -> list[int]:
         """What a chunk's KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""
         return prompt.prefix_ids if self.chunk_context == "prefix" and not is_prefix else []
-
-    def _lookup(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> ChunkKV | None:
-        return self.store.get(ids, self._context_ids(is_prefix, prompt), namespace)
 
     def _tiers(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> list[str]:
         return self.store.tiers_of(ids, self._context_ids(is_prefix, prompt), namespace)

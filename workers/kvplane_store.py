@@ -4,7 +4,7 @@ import xxhash
 from kvplane.entry import KVEntry
 from kvplane.keys import chunk_key
 from kvplane.store import TieredStore
-from workers.chunk_kv import ChunkKV
+from workers.chunk_kv import ChunkKV, ChunkLayers
 from workers.chunk_store import DEFAULT_NAMESPACE
 
 
@@ -33,6 +33,15 @@ class KVPlaneChunkStore:
         if entry is None or entry.token_ids != list(token_ids):
             return None
         return ChunkKV(entry.token_ids, entry.kv, len(context_ids), entry.source)
+
+    def read_layers(
+        self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE, tier: str | None = None
+    ) -> ChunkLayers | None:
+        """The stored chunk as a layer stream from `tier` (or the fastest tier holding it), or None on a miss."""
+        stream = self.store.read_layers(self.key(token_ids, context_ids, namespace), tier)
+        if stream is None or stream.token_ids != list(token_ids):
+            return None
+        return ChunkLayers(stream.token_ids, iter(stream), stream.num_layers, len(context_ids), stream.tier)
 
     def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         """Write the chunk to the top tier now and to the lower tiers in the background."""

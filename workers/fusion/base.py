@@ -6,6 +6,7 @@ from typing import ClassVar
 import torch
 
 from workers.fusion.deviation import DEVIATION_METRICS
+from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
 from workers.kv_cache import KVCache
@@ -26,6 +27,8 @@ class FusionOptions:
     cci_sample_queries: int = 32
     prefix_cache_blocks: int = 2048
     prefix_block_tokens: int = 16
+    fallback_min_coverage: float = 0.0  # cacheblend: share of the check layer's deviation the kept set must hold
+    fallback_full_above: float = 0.5  # cacheblend: a needed ratio above this recomputes in full
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.recompute_ratio <= 1.0:
@@ -44,6 +47,10 @@ class FusionOptions:
             raise ValueError("need 0 <= cci_reuse_below < cci_full_above <= 1")
         if min(self.cci_sample_queries, self.prefix_cache_blocks, self.prefix_block_tokens) < 1:
             raise ValueError("cci_sample_queries, prefix_cache_blocks and prefix_block_tokens must be positive")
+        if not 0.0 <= self.fallback_min_coverage <= 1.0:
+            raise ValueError(f"fallback_min_coverage must be in [0, 1], got {self.fallback_min_coverage}")
+        if not 0.0 < self.fallback_full_above <= 1.0:
+            raise ValueError(f"fallback_full_above must be in (0, 1], got {self.fallback_full_above}")
 
 
 class FusionMode(ABC):
@@ -55,12 +62,14 @@ class FusionMode(ABC):
     def __init__(self, options: FusionOptions) -> None:
         self.options = options
 
-    def prefill(self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float) -> PrefillResult:
-        """Place cached KV, then recompute the tokens this mode chooses."""
-        if self.reads_chunk_cache:
+    def prefill(
+        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+    ) -> PrefillResult:
+        """Recompute the tokens this mode chooses over the cached KV (placed first, or arriving through `feed`)."""
+        if self.reads_chunk_cache and feed is None:
             layout.load_cached(cache, runner.inv_freq)
         narrow = (lambda step: self.narrow(step, ratio)) if self.narrows else None
-        return selective_prefill(runner, layout, cache, self.initial(layout, ratio), narrow)
+        return selective_prefill(runner, layout, cache, self.initial(layout, ratio), narrow, feed)
 
     @property
     def narrows(self) -> bool:

@@ -1,28 +1,73 @@
 """CacheBlend (Yao et al., EuroSys'25): recompute the tokens whose KV deviates most, found by gradual filtering."""
+import logging
+from dataclasses import dataclass
+
 import torch
 
 from workers.fusion.base import FusionMode, all_positions
 from workers.fusion.deviation import keep_top, kv_deviation, ratio_count
+from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
-from workers.fusion.selective_pass import LayerStep
+from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
+from workers.fusion.sparsity import escalated_ratio
+from workers.kv_cache import KVCache
+from workers.runner import ModelRunner
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _RequestRatio:
+    """The ratio one request runs at; the check layer may raise it."""
+
+    value: float
 
 
 class CacheBlend(FusionMode):
-    """Layer 0 in full; at each filter layer rank the still-recomputed tokens by KV deviation and keep the top."""
+    """Layer 0 in full; at each filter layer rank the still-recomputed tokens by KV deviation and keep the top.
+
+    At the first filter layer (the check layer) a request whose deviation is not concentrated enough for
+    the ratio (FusionOptions.fallback_min_coverage) runs at a higher ratio, or in full.
+    """
 
     name = "cacheblend"
+
+    def prefill(
+        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+    ) -> PrefillResult:
+        """The selective pass with this request's ratio, reported in the result when the check layer raised it."""
+        if feed is None:
+            layout.load_cached(cache, runner.inv_freq)
+        state = _RequestRatio(ratio)
+        result = selective_prefill(
+            runner, layout, cache, self.initial(layout, ratio), lambda step: self._narrow(step, state), feed
+        )
+        result.recompute_ratio = state.value
+        return result
 
     def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
         return all_positions(layout)
 
     def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
+        return self._narrow(step, _RequestRatio(ratio))
+
+    def _narrow(self, step: LayerStep, state: _RequestRatio) -> torch.Tensor | None:
         opts = self.options
         if step.layer not in opts.filter_layers:
             return None
         multiplier = opts.filter_multipliers[opts.filter_layers.index(step.layer)]
+        forced = step.layout.forced[step.positions]
         num_reusable = int((~step.layout.forced).sum())
         deviation = step_deviation(step, opts.deviation_metric)
-        return keep_top(deviation, step.layout.forced[step.positions], ratio_count(min(1.0, ratio * multiplier), num_reusable))
+        if step.layer == opts.filter_layers[0] and opts.fallback_min_coverage > 0.0:
+            raised = escalated_ratio(
+                deviation[~forced], state.value, multiplier, opts.fallback_min_coverage, opts.fallback_full_above
+            )
+            if raised > state.value:
+                _log.info("cacheblend: deviation not sparse at layer %d; ratio %.2f -> %.2f", step.layer,
+                          state.value, raised)
+                state.value = raised
+        return keep_top(deviation, forced, ratio_count(min(1.0, state.value * multiplier), num_reusable))
 
 
 def step_deviation(step: LayerStep, metric: str) -> torch.Tensor:

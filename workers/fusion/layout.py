@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.chunk_kv import ChunkKV
+from workers.chunk_kv import ChunkKV, ChunkLayers
 from workers.kv_cache import KVCache
 from workers.prompt import PromptLayout
 from workers.rope import rerotate
@@ -18,12 +18,19 @@ class Segment:
     start: int
     end: int
     kind: str
-    cached: ChunkKV | None = None
+    cached: ChunkLayers | None = None
+    held: bool = False  # the store holds this segment's KV even though it is recomputed (the controller's choice)
 
     @property
     def num_tokens(self) -> int:
         """Length of the segment."""
         return self.end - self.start
+
+    def place(self, cache: KVCache, layer: int, kv: torch.Tensor, inv_freq: torch.Tensor) -> None:
+        """Write one cached layer `[2, T, H_kv, D]` at the segment's offset, keys re-rotated to it."""
+        assert self.cached is not None
+        cache.data[layer, 0, self.start : self.end] = rerotate(kv[0], inv_freq, self.start - self.cached.base_position)
+        cache.data[layer, 1, self.start : self.end] = kv[1]
 
 
 @dataclass(slots=True)
@@ -42,17 +49,27 @@ class BlendLayout:
         self.forced[-1] = True
 
     @classmethod
-    def build(cls, prompt: PromptLayout, cached: list[ChunkKV | None], cached_prefix: ChunkKV | None) -> "BlendLayout":
-        """Segments for prefix, each chunk (with its cached KV or None), and the suffix."""
+    def build(
+        cls,
+        prompt: PromptLayout,
+        cached: list[ChunkKV | ChunkLayers | None],
+        cached_prefix: ChunkKV | ChunkLayers | None,
+        held: frozenset[int] = frozenset(),
+    ) -> "BlendLayout":
+        """Segments for prefix, each chunk (with its cached KV or None), and the suffix.
+
+        `held`: indices of chunks (-1: the prefix) that are cached but recomputed by choice.
+        """
         if len(cached) != len(prompt.chunk_ids):
             raise ValueError(f"{len(cached)} cache entries for {len(prompt.chunk_ids)} chunks")
-        parts = [(PREFIX, prompt.prefix_ids, cached_prefix)]
-        parts += [(CHUNK, ids, kv) for ids, kv in zip(prompt.chunk_ids, cached)]
-        parts.append((SUFFIX, prompt.suffix_ids, None))
+        parts = [(PREFIX, prompt.prefix_ids, cached_prefix, -1 in held)]
+        parts += [(CHUNK, ids, kv, index in held) for index, (ids, kv) in enumerate(zip(prompt.chunk_ids, cached))]
+        parts.append((SUFFIX, prompt.suffix_ids, None, False))
         segments, start = [], 0
-        for kind, ids, kv in parts:
+        for kind, ids, kv, is_held in parts:
             if ids:
-                segments.append(Segment(start, start + len(ids), kind, kv))
+                layers = ChunkLayers.of(kv) if isinstance(kv, ChunkKV) else kv
+                segments.append(Segment(start, start + len(ids), kind, layers, is_held))
                 start += len(ids)
         if start == 0:
             raise ValueError("the prompt is empty")
@@ -72,14 +89,16 @@ class BlendLayout:
         """Cached document chunks, in prompt order."""
         return [s for s in self.segments if s.kind == CHUNK and s.cached is not None]
 
+    def cached_segments(self) -> list[Segment]:
+        """Every segment with cached KV to place (prefix and chunks), in order."""
+        return [s for s in self.segments if s.cached is not None]
+
     def load_cached(self, cache: KVCache, inv_freq: torch.Tensor) -> int:
-        """Place each cached segment's KV at its offset, keys re-rotated; returns tokens placed."""
+        """Place every layer of each cached segment's KV at its offset, keys re-rotated; returns tokens placed."""
         placed = 0
-        for seg in self.segments:
-            if seg.cached is None:
-                continue
-            kv = seg.cached.kv
-            cache.data[:, 0, seg.start : seg.end] = rerotate(kv[:, 0], inv_freq, seg.start - seg.cached.base_position)
-            cache.data[:, 1, seg.start : seg.end] = kv[:, 1]
+        for seg in self.cached_segments():
+            assert seg.cached is not None
+            for layer, kv in enumerate(seg.cached.layers):
+                seg.place(cache, layer, kv, inv_freq)
             placed += seg.num_tokens
         return placed

@@ -2,6 +2,7 @@
 import torch
 
 from workers.fusion.base import FusionMode, FusionOptions, all_positions
+from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.fusion.prefix_block_cache import PrefixBlockCache, block_hashes
 from workers.fusion.selective_pass import PrefillResult, selective_prefill
@@ -19,7 +20,9 @@ class PrefixCache(FusionMode):
         super().__init__(options)
         self.cache = PrefixBlockCache(options.prefix_block_tokens, options.prefix_cache_blocks)
 
-    def prefill(self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float) -> PrefillResult:
+    def prefill(
+        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+    ) -> PrefillResult:
         """Load the matched prefix blocks, compute the rest, then remember this prompt's blocks."""
         hashes = block_hashes(layout.token_ids.tolist(), self.cache.block_tokens)  # hashed once per request
         # The last token is always computed (it yields the logits), so only blocks before it may hit.

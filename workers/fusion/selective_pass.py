@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.kv_cache import KVCache
 from workers.runner import ModelRunner
@@ -34,6 +35,7 @@ class PrefillResult:
     recomputed_token_layers: int  # context tokens x layers whose K/V were computed fresh
     num_context_tokens: int
     num_layers: int
+    recompute_ratio: float | None = None  # the ratio the mode ended up using, when it raised the one asked for
 
     @property
     def recomputed_fraction(self) -> float:
@@ -44,9 +46,17 @@ class PrefillResult:
 
 @torch.inference_mode()
 def selective_prefill(
-    runner: ModelRunner, layout: BlendLayout, cache: KVCache, positions: torch.Tensor, narrow: Narrowing | None = None
+    runner: ModelRunner,
+    layout: BlendLayout,
+    cache: KVCache,
+    positions: torch.Tensor,
+    narrow: Narrowing | None = None,
+    feed: LayerFeed | None = None,
 ) -> PrefillResult:
-    """Run all layers for `positions` (ascending, narrowed on the way); others keep the KV already in `cache`."""
+    """Run all layers for `positions` (ascending, narrowed on the way); others keep the KV in `cache`.
+
+    With a `feed`, each layer's cached KV may still be arriving: the pass waits for it before reading it.
+    """
     if int(layout.forced[positions].sum()) != int(layout.forced.sum()):
         raise ValueError("policy dropped tokens that must be recomputed (suffix or uncached)")
     num_context = layout.num_context_tokens
@@ -54,6 +64,8 @@ def selective_prefill(
     work = 0
     for layer in range(runner.config.num_layers):
         q, k, v = runner.qkv(layer, h, positions)
+        if feed is not None:
+            feed.wait(layer)
         work += int((positions < num_context).sum())
         keep = narrow(LayerStep(layer, positions, q, k, v, cache, layout)) if narrow else None
         cache.write(layer, positions, k, v)

@@ -1,0 +1,70 @@
+"""A request's cached parts looked up (layer streams, not yet read), per the loading controller's plan if any."""
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from workers.chunk_kv import ChunkLayers
+from workers.chunk_store import ChunkStore, read_chunk_layers
+from workers.controller import LoadingController
+from workers.fusion.layout import BlendLayout
+from workers.loading_controller import ChunkPlacement, LoadingPlan
+from workers.prompt import PromptLayout
+
+PREFIX_INDEX = -1  # BlendLayout.build's index of the prompt prefix among held parts
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """The layout with its cached parts opened, the ratio to run at, and the plan that chose them (if any)."""
+
+    layout: BlendLayout
+    ratio: float
+    plan: LoadingPlan | None = None
+
+
+def lookup_layout(
+    store: ChunkStore,
+    prompt: PromptLayout,
+    context_of: Callable[[bool], list[int]],
+    namespace: str,
+    ratio: float,
+    controller: LoadingController | None = None,
+    layer_bytes_per_token: int = 0,
+) -> LookupResult:
+    """Open every cached part (prefix and chunks); with a controller, from its chosen tier or not at all.
+
+    `context_of(is_prefix)` gives the ids a part's KV was computed after; the request's ratio is the
+    controller's floor for this request.
+    """
+    parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
+    tiers: dict[int, str | None] = {index: None for index, _ in parts}
+    skipped: set[int] = set()
+    plan = None
+    if controller is not None and parts:
+        placements = [
+            ChunkPlacement(
+                str(index),
+                len(ids),
+                len(ids) * layer_bytes_per_token,
+                tuple(store.tiers_of(ids, context_of(index == PREFIX_INDEX), namespace)),
+            )
+            for index, ids in parts
+        ]
+        plan = controller.plan(placements, len(prompt.suffix_ids), ratio)
+        ratio = plan.ratio
+        for (index, _), placement, action in zip(parts, placements, plan.actions):
+            tiers[index] = action.tier
+            if action.recompute and placement.tiers:
+                skipped.add(index)
+    opened: dict[int, ChunkLayers | None] = {
+        index: None
+        if index in skipped
+        else read_chunk_layers(store, ids, context_of(index == PREFIX_INDEX), namespace, tiers[index])
+        for index, ids in parts
+    }
+    layout = BlendLayout.build(
+        prompt,
+        [opened[index] for index in range(len(prompt.chunk_ids))],
+        opened.get(PREFIX_INDEX),
+        frozenset(skipped),
+    )
+    return LookupResult(layout, ratio, plan)
