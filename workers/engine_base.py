@@ -23,6 +23,7 @@ class Engine(ABC):
     """Prefill a RAG request from cached chunk KV, decode it, and keep documents' KV ahead of time."""
 
     stop_token_ids: tuple[int, ...]  # end-of-sequence ids used when a request names none
+    max_concurrent_jobs: int = 1  # jobs its worker may run at once (an engine that batches says more)
 
     @property
     @abstractmethod
@@ -41,3 +42,6 @@ class Engine(ABC):
     @abstractmethod
     def store_documents(self, documents: list[str], namespace: str) -> list[StoredChunk]:
         """Compute (if missing) and store each document's chunk KV, in order."""
+
+    def close(self) -> None:
+        """Release what the engine holds (threads, a vLLM engine); nothing by default."""

