@@ -109,24 +109,25 @@ class Ingress:
 
 @serve.deployment(request_router_config=RequestRouterConfig(request_router_class=PinnedRequestRouter))
 class WorkerDeployment:
-    """One worker replica: an engine that serves one job at a time; its id is the Serve replica id."""
+    """One worker replica: as many jobs at once as its engine batches (one for the torch engine); id = replica id."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         worker_id = serve.get_replica_context().replica_id.unique_id
         self._worker, self._heartbeat = start_worker(config_from_dict(config), worker_id)
-        self._lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(self._worker.engine.max_concurrent_jobs)
 
     async def stream(self, job: Job, worker_id: str | None = None) -> AsyncIterator[Event]:
-        async with self._lock:
+        async with self._slots:
             async for event in _in_thread(self._worker.run(job)):
                 yield event
 
     async def store_documents(self, documents: list[str], namespace: str, worker_id: str | None = None) -> list[StoredChunk]:
-        async with self._lock:
+        async with self._slots:
             return await asyncio.to_thread(self._worker.store_documents, documents, namespace)
 
     def __del__(self) -> None:
         self._heartbeat.stop()
+        self._worker.engine.close()
 
 
 async def _in_thread(items: Iterator[T]) -> AsyncIterator[T]:

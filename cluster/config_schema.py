@@ -15,11 +15,12 @@ from workers.default_model import DEFAULT_MODEL_NAME
 from workers.engine import CHUNK_CONTEXTS
 from workers.fusion.registry import FUSION_MODES
 from workers.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
+from workers.vllm.settings import VLLMSettings
 
 GiB = 1 << 30
 MiB = 1 << 20
 DTYPES = ("bfloat16", "float16", "float32")
-ENGINES = ("torch",)
+ENGINES = ("vllm", "torch")
 BUILTIN_TIER_SCHEMES = ("ram", "device")
 TIER_ROLES: Mapping[str, str] = MappingProxyType(
     {
@@ -55,11 +56,12 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """The engine behind each worker and what a chunk's cached KV is computed after."""
+    """The engine behind each worker (vLLM, or the reference torch engine) and what chunk KV is computed after."""
 
-    kind: str = "torch"
+    kind: str = "vllm"
     chunk_context: str = "prefix"
-    num_threads: int | None = None  # torch threads per worker; None: every core of the machine
+    num_threads: int | None = None  # torch threads per worker (torch engine); None: every core of the machine
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)  # used when kind is "vllm"
 
     def __post_init__(self) -> None:
         check(self.kind in ENGINES, "kind", f"one of {ENGINES}", self.kind)

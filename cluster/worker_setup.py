@@ -14,9 +14,11 @@ from kvplane.shard_directory import ShardDirectory
 from kvplane.store import TieredStore
 from kvplane.worker_store import open_worker_store
 from scheduler.membership import launch_membership
-from workers.checkpoint import load_checkpoint
+from workers.checkpoint import load_checkpoint, load_model_card
 from workers.default_model import prepare_default_model
 from workers.engine import BlendEngine
+from workers.engine_base import Engine
+from workers.fingerprint import model_fingerprint
 from workers.fusion.base import FusionOptions
 from workers.kvplane_store import KVPlaneChunkStore
 from workers.prompt import PromptTemplate
@@ -55,19 +57,27 @@ def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tup
 
 
 def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tuple[Worker, str]:
-    """The configured model in the reference engine over `store`, and the model's fingerprint."""
-    torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
-    checkpoint = load_checkpoint(config.model.path or prepare_default_model(), getattr(torch, config.model.dtype))
+    """The configured model in the configured engine over `store`, and the model's fingerprint."""
+    path = config.model.path or prepare_default_model()
+    _, tokenizer = load_model_card(path)
     prompt = config.prompt
-    template = PromptTemplate(checkpoint.tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
-    engine = BlendEngine(
-        checkpoint,
-        FusionOptions(recompute_ratio=config.fusion.recompute_ratio),
-        KVPlaneChunkStore(store, checkpoint.fingerprint),
-        template,
-        config.engine.chunk_context,
-    )
-    return Worker(engine, worker_id), checkpoint.fingerprint
+    template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
+    options = FusionOptions(recompute_ratio=config.fusion.recompute_ratio)
+    fingerprint = model_fingerprint(path)
+    chunk_store = KVPlaneChunkStore(store, fingerprint)
+    if config.engine.kind == "vllm":
+        from workers.vllm.engine import VLLMEngine  # imports vllm: only where the vLLM engine is configured
+
+        scratch = config.data_dir.absolute() / "vllm"
+        engine: Engine = VLLMEngine(
+            path, scratch, config.engine.vllm, options, chunk_store, template, config.engine.chunk_context,
+            config.model.dtype,
+        )
+    else:
+        torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
+        checkpoint = load_checkpoint(path, getattr(torch, config.model.dtype))
+        engine = BlendEngine(checkpoint, options, chunk_store, template, config.engine.chunk_context)
+    return Worker(engine, worker_id), fingerprint
 
 
 class Heartbeat:

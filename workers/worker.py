@@ -41,7 +41,7 @@ Event = TextDelta | Finished
 
 
 class Worker:
-    """One engine behind a worker id; not thread-safe: its shell runs one job at a time."""
+    """One engine behind a worker id; runs up to `engine.max_concurrent_jobs` jobs at once (its shell's bound)."""
 
     def __init__(self, engine: Engine, worker_id: str) -> None:
         self.engine = engine

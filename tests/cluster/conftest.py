@@ -2,14 +2,16 @@
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 SERVE_CONFIG = {
     "workers": {"num_replicas": 2, "num_cpus": 1},
-    "engine": {"num_threads": 1},
+    "engine": {"kind": "torch", "num_threads": 1},  # the cheap reference engine; test_vllm_serving.py runs vLLM
     "admission": {"max_queued_per_worker": 2, "initial_service_time_s": 2.0},
     "limits": {"max_documents": 8, "max_tokens": 64, "default_max_tokens": 16, "max_request_body_bytes": 65536},
 }
@@ -35,16 +37,15 @@ def _wait_ready(base_url: str, num_workers: int) -> None:
     raise TimeoutError(f"the app did not report {num_workers} ready workers within {READY_TIMEOUT_S} s")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of the running app; Ray, Serve and every actor are stopped afterwards."""
+@contextmanager
+def running_app(root: Path, config: dict[str, Any]) -> Iterator[str]:
+    """Ray, Serve and the app under `root` with `config`; yields the base URL once every worker is ready."""
     import ray
     from ray import serve
     from ray._private import ray_constants
 
     from cluster.app import build_app
 
-    root: Path = tmp_path_factory.mktemp("serve")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
@@ -53,11 +54,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         try:
             port = _free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(build_app({**SERVE_CONFIG, "data_dir": str(root / "data")}), name="blendserve",
+            serve.run(build_app({**config, "data_dir": str(root / "data")}), name="blendserve",
                       route_prefix="/", blocking=False)
             base_url = f"http://127.0.0.1:{port}"
-            _wait_ready(base_url, SERVE_CONFIG["workers"]["num_replicas"])
+            _wait_ready(base_url, config["workers"]["num_replicas"])
             yield base_url
         finally:
             serve.shutdown()
             ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of the running app; Ray, Serve and every actor are stopped afterwards."""
+    with running_app(tmp_path_factory.mktemp("serve"), SERVE_CONFIG) as base_url:
+        yield base_url

