@@ -133,6 +133,20 @@ def test_read_layers_yields_each_layer_in_order(make_entry: EntryFactory, ssd_ur
         assert torch.equal(store.get(entry.key).kv, entry.kv)
 
 
+def test_read_layers_from_a_chosen_tier(make_entry: EntryFactory, ssd_url: str) -> None:
+    entry = make_entry(7, num_layers=3, dtype=torch.float16)
+    with ram_ssd_store(ssd_url, 4, encode(entry).numel()) as store:
+        store.put(entry)
+        store.flush()
+        assert store.tiers_holding(entry.key) == ["ram", "ssd"]
+        assert store.read_layers(entry.key).tier == "ram"
+        from_ssd = store.read_layers(entry.key, "ssd")
+        assert from_ssd.tier == "ssd" and torch.equal(torch.stack(list(from_ssd)), entry.kv)
+        assert store.read_layers(entry.key, "no-such-tier").tier == "ram"
+        ssd_file(ssd_url, entry.key).unlink()  # the chosen tier lost it: read from the tier that still holds it
+        assert store.read_layers(entry.key, "ssd").tier == "ram"  # gone from the chosen tier: found above it
+
+
 def test_layer_damaged_mid_stream_raises_chunk_lost(make_entry: EntryFactory, ssd_url: str) -> None:
     entry = make_entry(7, num_layers=3)
     with TieredStore.from_specs([TierSpec("ssd", ssd_url, 1 << 20)]) as store:

@@ -107,6 +107,7 @@ class _ThreadFeed(LayerFeed):
         )
         self._thread.start()
 
+    @torch.inference_mode()  # per thread: the cache may be an inference tensor of the pass's thread
     def _run(self, layout: BlendLayout, cache: KVCache, inv_freq: torch.Tensor, observe: FetchObserver) -> None:
         try:
             for layer in range(self._num_layers):

@@ -1,0 +1,116 @@
+"""The layer pipeline: pipelined output equals non-pipelined output exactly, and loading hides behind recompute."""
+import statistics
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from kvplane.memory_tier import MemoryTier
+from kvplane.store import TieredStore
+from workers.checkpoint import Checkpoint
+from workers.chunk_store import LocalChunkStore
+from workers.engine import BlendEngine, BlendRequest
+from workers.fusion.layer_feed import EagerLoader, PipelinedLoader
+from workers.kvplane_store import KVPlaneChunkStore
+from workers.prompt import PromptLayout
+from workers.sampling import SamplingParams
+
+SHORT = SamplingParams(max_new_tokens=4)
+
+
+class SlowTier(MemoryTier):
+    """RAM that sleeps `delay_s` before each layer-sized read (header probes stay fast), like a remote tier."""
+
+    def __init__(self, name: str, capacity_bytes: int) -> None:
+        super().__init__(name, capacity_bytes)
+        self.delay_s = 0.0
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
+        if end is not None and end - start > 32 << 10:
+            time.sleep(self.delay_s)
+        return super().read(key, start, end)
+
+
+@pytest.mark.parametrize("mode,ratio", [("cacheblend", 0.15), ("full_reuse", 0.0), ("epic", 0.15), ("cachecraft", 0.15)])
+def test_pipelined_equals_non_pipelined_exactly(checkpoint: Checkpoint, qa_records: list[dict], mode: str,
+                                               ratio: float) -> None:
+    store = LocalChunkStore()
+    engines = {name: BlendEngine(checkpoint, store=store, loader=loader)
+               for name, loader in (("eager", EagerLoader()), ("pipelined", PipelinedLoader(depth=1)))}
+    record = qa_records[0]
+    documents = [record["documents"][2], record["documents"][0], record["documents"][1]]
+    engines["eager"].precompute(engines["eager"].layout(documents, record["question"]))
+    caches, results = {}, {}
+    for name, engine in engines.items():
+        prompt = engine.layout(documents, record["question"])
+        caches[name], _, layout = engine.fuse(prompt, mode, ratio)
+        assert len(layout.cached_segments()) == 4  # the prompt prefix and the three chunks
+        results[name] = engine.generate(BlendRequest(documents, record["question"], mode, ratio, SHORT))
+    assert torch.equal(caches["pipelined"].data, caches["eager"].data)  # bit for bit, every layer and slot
+    assert results["pipelined"].token_ids == results["eager"].token_ids
+    assert torch.equal(results["pipelined"].stats.first_token_logprobs, results["eager"].stats.first_token_logprobs)
+
+
+def test_a_failed_fetch_reaches_the_request(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
+    class BrokenStore(LocalChunkStore):
+        def read_layers(self, *args: object, **kwargs: object) -> object:
+            found = super().read_layers(*args, **kwargs)
+            if found is not None:
+                found.layers = iter([next(found.layers)])  # one layer, then the stream ends
+            return found
+
+    engine = BlendEngine(checkpoint, store=BrokenStore(), loader=PipelinedLoader())
+    record = qa_records[1]
+    engine.precompute(engine.layout(record["documents"], record["question"]))
+    with pytest.raises(StopIteration):
+        engine.fuse(engine.layout(record["documents"], record["question"]), "cacheblend", 0.15)
+
+
+def _fuse_s(engine: BlendEngine, prompt: PromptLayout) -> float:
+    began = time.perf_counter()
+    engine.fuse(prompt, "cacheblend", 0.15)
+    return time.perf_counter() - began
+
+
+def _load_s(store: TieredStore, keys: list[str]) -> float:
+    """Seconds to read every layer of every chunk, chunk by chunk (what the loader does, without compute)."""
+    began = time.perf_counter()
+    for key in keys:
+        stream = store.read_layers(key)
+        assert stream is not None
+        list(stream)
+    return time.perf_counter() - began
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: two OpenMP threads stall at every barrier on a 2-core machine shared with other jobs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_with_a_slow_tier_ttft_is_near_max_of_load_and_compute(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
+    tier = SlowTier("remote", 1 << 30)
+    with TieredStore([tier], ["lru"]) as kvstore:
+        store = KVPlaneChunkStore(kvstore, checkpoint.fingerprint)
+        pipelined = BlendEngine(checkpoint, store=store, loader=PipelinedLoader())
+        eager = BlendEngine(checkpoint, store=store, loader=EagerLoader())
+        record = qa_records[2]
+        prompt = pipelined.layout(record["documents"], record["question"])
+        stored = pipelined.store_documents(record["documents"])
+        pipelined.precompute(prompt)
+        keys = [chunk.key for chunk in stored] + [store.key(prompt.prefix_ids, [])]
+        _fuse_s(pipelined, prompt)  # warm-up
+        compute_s = statistics.median(_fuse_s(pipelined, prompt) for _ in range(3))  # loads take ~nothing here
+        fetches = len(keys) * checkpoint.config.num_layers
+        tier.delay_s = compute_s / fetches  # loading alone now takes about as long as the compute
+        load_s = statistics.median(_load_s(kvstore, keys) for _ in range(3))
+        pipelined_s = statistics.median(_fuse_s(pipelined, prompt) for _ in range(3))
+        eager_s = statistics.median(_fuse_s(eager, prompt) for _ in range(3))
+    assert eager_s > 0.85 * (load_s + compute_s)  # no pipeline: the sum
+    assert pipelined_s < 0.8 * (load_s + compute_s)
+    assert pipelined_s < 1.3 * max(load_s, compute_s), (pipelined_s, load_s, compute_s)
