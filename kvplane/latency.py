@@ -1,4 +1,5 @@
 """Observed load latency per tier, as quantile sketches of one layer-chunk fetch, for the loading controller."""
+import math
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,12 +24,15 @@ class LoadQuantiles:
     p99_s: float
     typical_bytes: int = 0  # 0: size-independent (fetch time does not scale with bytes)
     num_observations: int = 0  # 0 for a prior
+    mean_s: float | None = None  # None: taken to be the median (a prior that names no mean)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.p50_s <= self.p95_s <= self.p99_s:
             raise ValueError(f"need 0 <= p50_s <= p95_s <= p99_s, got {self.p50_s}, {self.p95_s}, {self.p99_s}")
         if self.typical_bytes < 0 or self.num_observations < 0:
             raise ValueError("typical_bytes and num_observations must be >= 0")
+        if self.mean_s is not None and self.mean_s < 0:
+            raise ValueError(f"mean_s must be >= 0, got {self.mean_s}")
 
     def at(self, quantile: str) -> float:
         """Seconds at `quantile` ("p50", "p95" or "p99") for a fetch of typical size."""
@@ -38,7 +42,20 @@ class LoadQuantiles:
 
     def fetch_s(self, quantile: str, num_bytes: int) -> float:
         """Seconds at `quantile` for a fetch of `num_bytes`, scaled in proportion to size from the typical fetch."""
-        seconds = self.at(quantile)
+        return self._scaled(self.at(quantile), num_bytes)
+
+    def fetch_in_sum_s(self, quantile: str, num_bytes: int, num_fetches: int) -> float:
+        """Share of one fetch in the `quantile` of a sum of `num_fetches` independent fetches like it.
+
+        The sum's quantile sits above its mean by the single fetch's excess times sqrt(n) (exact for
+        normal fetch times, the CLT's scaling otherwise): mean + (quantile - mean) / sqrt(n) per fetch.
+        A tail still costs, but n fetches do not all hit it at once.
+        """
+        mean = self._scaled(self.p50_s if self.mean_s is None else self.mean_s, num_bytes)
+        return mean + (self.fetch_s(quantile, num_bytes) - mean) / math.sqrt(max(1, num_fetches))
+
+    def _scaled(self, seconds: float, num_bytes: int) -> float:
+        """`seconds` of a typical fetch scaled to `num_bytes`."""
         if self.typical_bytes == 0 or num_bytes <= 0:
             return seconds
         return seconds * num_bytes / self.typical_bytes
@@ -78,9 +95,10 @@ class TierLatency:
                 return self.prior
             p50, p95, p99 = (max(0.0, self._sketch.get_quantile_value(q)) for q in (0.5, 0.95, 0.99))
             typical_bytes = round(self._bytes / count)
+            mean = max(0.0, float(self._sketch.avg))
         # Sketch quantiles are each within the accuracy bound but not forced monotone: make them so.
         p95 = max(p95, p50)
-        return LoadQuantiles(p50, p95, max(p99, p95), typical_bytes, count)
+        return LoadQuantiles(p50, p95, max(p99, p95), typical_bytes, count, mean)
 
 
 class LoadTelemetry:

@@ -162,18 +162,19 @@ def _predict(
     forced_tokens: int,
 ) -> tuple[float, float]:
     """(TTFT, seconds of the last layer's compute, which no load overlaps)."""
-    # Plugging each fetch's quantile into the sum bounds the TTFT quantile from above (tails rarely
-    # coincide), and it is what makes a tier with a bad tail cost what it risks.
+    # The request's fetches add up, so each is priced at its share of the sum's quantile (mean plus the
+    # tail excess over sqrt(n)): a bad tail still costs what it risks, but not as if every fetch hit it.
     context = sum(chunk.num_tokens for chunk in chunks) + forced_tokens
     load_layer_s = 0.0
     reusable = 0
     forced = forced_tokens
+    num_fetches = delays.num_layers * sum(1 for action in actions if action.tier is not None)
     for chunk, action in zip(chunks, actions, strict=True):
         if action.tier is None:
             forced += chunk.num_tokens
         else:
             reusable += chunk.num_tokens
-            load_layer_s += quantiles[action.tier].fetch_s(quantile, chunk.layer_bytes)
+            load_layer_s += quantiles[action.tier].fetch_in_sum_s(quantile, chunk.layer_bytes, num_fetches)
     counts = selected_per_layer(delays.num_layers, ratio, reusable, forced, options)
     compute = [delays.predict_s(context, count) for count in counts]
     return pipeline_ttft_s([load_layer_s] * delays.num_layers, compute), compute[-1]
@@ -201,7 +202,8 @@ def plan_loading(
         return predict_ttft_s(chunks, actions, ratio, delays, quantiles, objective, options, forced_tokens)
 
     # 1. Each held chunk from its tier with the best objective quantile (TTFT only grows with a fetch's time).
-    actions = [ChunkAction(chunk.key, _fastest_tier(chunk, quantiles, objective)) for chunk in chunks]
+    num_fetches = delays.num_layers * sum(1 for chunk in chunks if chunk.tiers)
+    actions = [ChunkAction(chunk.key, _fastest_tier(chunk, quantiles, objective, num_fetches)) for chunk in chunks]
     # 2. At the floor ratio, recompute from scratch the chunk that helps most, while one does.
     best = cost(actions, options.ratio_floor)
     while True:
@@ -234,8 +236,10 @@ def plan_loading(
     return LoadingPlan(ratio, tuple(actions), p50, p95, p99)
 
 
-def _fastest_tier(chunk: ChunkPlacement, quantiles: Mapping[str, LoadQuantiles], objective: str) -> str | None:
-    """The holding tier with the smallest objective-quantile fetch time (None for a miss)."""
+def _fastest_tier(
+    chunk: ChunkPlacement, quantiles: Mapping[str, LoadQuantiles], objective: str, num_fetches: int
+) -> str | None:
+    """The holding tier with the smallest objective-quantile share of the request's fetches (None for a miss)."""
     if not chunk.tiers:
         return None
-    return min(chunk.tiers, key=lambda tier: quantiles[tier].fetch_s(objective, chunk.layer_bytes))
+    return min(chunk.tiers, key=lambda tier: quantiles[tier].fetch_in_sum_s(objective, chunk.layer_bytes, num_fetches))

@@ -40,6 +40,22 @@ def test_fetch_time_scales_with_size_from_the_typical_fetch() -> None:
         LoadQuantiles(0.02, 0.01, 0.05)
 
 
+def test_a_fetch_in_a_sum_is_priced_by_the_sums_quantile() -> None:
+    rng = random.Random(1)
+    latency = TierLatency(PRIOR, min_observations=1)
+    fetches = [rng.lognormvariate(-4.0, 1.0) for _ in range(20000)]
+    for value in fetches:
+        latency.observe(value, 1000)
+    quantiles = latency.quantiles()
+    assert quantiles.mean_s == pytest.approx(sum(fetches) / len(fetches), rel=0.01)
+    assert quantiles.fetch_in_sum_s("p95", 1000, 1) == pytest.approx(quantiles.p95_s)  # one fetch: its own tail
+    # 300 fetches: the sum's p95 per fetch sits just above the mean, far below the single fetch's p95.
+    sums = sorted(sum(rng.choice(fetches) for _ in range(300)) for _ in range(2000))
+    assert 300 * quantiles.fetch_in_sum_s("p95", 1000, 300) == pytest.approx(sums[int(0.95 * len(sums))], rel=0.05)
+    assert quantiles.fetch_in_sum_s("p95", 2000, 300) == pytest.approx(2 * quantiles.fetch_in_sum_s("p95", 1000, 300))
+    assert LoadQuantiles(0.01, 0.02, 0.05).fetch_in_sum_s("p95", 0, 4) == pytest.approx(0.015)  # no mean: the median
+
+
 def test_telemetry_keeps_a_sketch_per_tier_and_priors_for_unseen_ones() -> None:
     remote_prior = LoadQuantiles(0.005, 0.02, 0.08)
     telemetry = LoadTelemetry({"remote": remote_prior}, PRIOR, min_observations=1)
