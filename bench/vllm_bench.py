@@ -80,7 +80,8 @@ def _decode_tok_s(times: list[float]) -> float | None:
 
 
 def _blended(engine: Any, docs: list[str], question: str, ratio: float, max_tokens: int) -> dict[str, Any]:
-    generation = engine.open(BlendRequest(docs, question, "cacheblend", ratio, SamplingParams(max_new_tokens=max_tokens)))
+    sampling = SamplingParams(max_new_tokens=max_tokens)
+    generation = engine.open(BlendRequest(docs, question, "cacheblend", ratio, sampling))
     tokens, times = [], []
     for token in generation:
         tokens.append(token)
@@ -100,7 +101,9 @@ def _summary(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
         "ttft_s_median": _median([r[key]["ttft_s"] for r in rows]),
         "ttft_s_p90": statistics.quantiles([r[key]["ttft_s"] for r in rows], n=10)[-1] if len(rows) > 1 else None,
         "decode_tok_s_median": _median([_decode_tok_s(r[key]["times"]) for r in rows]),
-        "cached_or_reused_tokens_median": _median([r[key].get("cached_tokens", r[key].get("reused_tokens")) for r in rows]),
+        "cached_or_reused_tokens_median": _median(
+            [r[key].get("cached_tokens", r[key].get("reused_tokens")) for r in rows]
+        ),
     }
 
 
@@ -146,7 +149,8 @@ def main() -> None:
         rows.append(row)
         print(f"{record.id}: plain {reorder['ttft_s']:.2f}s repeat {repeat['ttft_s']:.2f}s "
               f"blended {blended['ttft_s']:.2f}s agreement {row['agreement_f1']:.2f}", flush=True)
-    systems = {name: _summary(rows, name) for name in ("plain_first_seen", "plain_reordered", "plain_repeat", "blended")}
+    names = ("plain_first_seen", "plain_reordered", "plain_repeat", "blended")
+    systems = {name: _summary(rows, name) for name in names}
     plain_ttft = systems["plain_reordered"]["ttft_s_median"]
     result = {
         "data": str(args.data), "records": len(rows), "offset": args.offset, "ratio": args.ratio,
@@ -166,7 +170,8 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print("| system | TTFT median (s) | TTFT p90 (s) | decode tok/s median |\n|---|---|---|---|")
     for name, s in systems.items():
-        print(f"| {name} | {s['ttft_s_median']:.3f} | {s['ttft_s_p90'] or 0:.3f} | {s['decode_tok_s_median'] or 0:.1f} |")
+        decode = s["decode_tok_s_median"] or 0
+        print(f"| {name} | {s['ttft_s_median']:.3f} | {s['ttft_s_p90'] or 0:.3f} | {decode:.1f} |")
     print(f"speed-up {result['ttft_speedup_vs_plain_reordered']:.2f}x, decode ratio "
           f"{result['decode_ratio_blended_vs_plain']:.3f}, agreement F1 {result['agreement_f1_mean']:.3f}")
     engine.close()
