@@ -38,6 +38,9 @@ from workers.runner import ModelRunner  # noqa: E402
 from workers.sampling import SamplingParams  # noqa: E402
 
 TIERS = ("ram", "ssd", "s3", "s3_jitter")
+# Not in the default run: a jittery remote shard (RAM behind a congested network) above a steady S3, both
+# holding every chunk; the fixed policy reads the upper tier, the controller may switch.
+TWO_TIER = "remote_jitter_over_s3"
 POLICIES = ("no_pipeline", "pipeline_fixed", "controller")
 S3_BUCKET = "kvcache"
 
@@ -76,7 +79,8 @@ def main() -> None:
     results = {}
     for tier in args.tiers.split(","):
         with _store(tier, jitter) as store:
-            results[tier] = _run_tier(checkpoint, store, records, references, delays, args.ratio, args.repeats, sampling)
+            results[tier] = _run_tier(checkpoint, store, records, references, delays, args.ratio, args.repeats,
+                                      sampling)
     result = {
         "data": str(args.data),
         "records": len(records),
@@ -113,8 +117,16 @@ def _references(checkpoint: Checkpoint, records: list[QARecord], sampling: Sampl
 
 @contextmanager
 def _store(tier: str, jitter: JitterConfig) -> Iterator[TieredStore]:
-    """A one-tier store of the named kind, on a scratch directory or a moto S3 server for the block."""
+    """A one-tier store of the named kind (or TWO_TIER), on a scratch directory or a moto S3 server."""
     with ExitStack() as stack:
+        if tier == TWO_TIER:
+            endpoint = stack.enter_context(LocalS3())
+            create_bucket(endpoint, S3_BUCKET)
+            s3 = open_tier(TierSpec("s3", f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", 8 << 30, "lru",
+                                    s3_storage_options(endpoint)))
+            remote = JitterTier(open_tier(TierSpec("remote", "ram://", 8 << 30, "lru")), jitter)
+            yield stack.enter_context(TieredStore([remote, s3], ["lru", "lru"]))
+            return
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="controller-bench-")))
         if tier == "ram":
             spec = TierSpec("ram", "ram://", 8 << 30, "lru")
@@ -125,7 +137,7 @@ def _store(tier: str, jitter: JitterConfig) -> Iterator[TieredStore]:
             create_bucket(endpoint, S3_BUCKET)
             spec = TierSpec(tier, f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", 8 << 30, "lru", s3_storage_options(endpoint))
         else:
-            raise ValueError(f"unknown tier {tier!r}; choose from {TIERS}")
+            raise ValueError(f"unknown tier {tier!r}; choose from {(*TIERS, TWO_TIER)}")
         opened: Tier = open_tier(spec)
         if tier == "s3_jitter":
             opened = JitterTier(opened, jitter)
@@ -168,6 +180,7 @@ def _run_tier(
                                                       sampling=sampling))
                 plan = controller.last_plan if controller is not None else None
                 runs.append({
+                    "reused_tokens_by_tier": answer.stats.reused_tokens_by_tier,
                     "ttft_s": answer.stats.ttft_s,
                     "agreement_f1": token_f1(answer.text, reference["text"]),
                     "ratio": answer.stats.recompute_ratio,

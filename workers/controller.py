@@ -30,7 +30,9 @@ class LoadingController:
         """Record one layer-chunk fetch (the layer loader's FetchObserver)."""
         self.telemetry.observe(tier, seconds, num_bytes)
 
-    def plan(self, chunks: Sequence[ChunkPlacement], forced_tokens: int, ratio_floor: float | None = None) -> LoadingPlan:
+    def plan(
+        self, chunks: Sequence[ChunkPlacement], forced_tokens: int, ratio_floor: float | None = None
+    ) -> LoadingPlan:
         """The ratio (never below the floor, raised to `ratio_floor` if given) and per-chunk tier or recompute."""
         options = self.options
         if ratio_floor is not None and ratio_floor > options.ratio_floor:

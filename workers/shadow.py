@@ -55,7 +55,8 @@ class ShadowSampler:
         self._rng = random.Random(seed)
         self._queue: queue.Queue[tuple[BlendRequest, torch.Tensor] | None] = queue.Queue(max_pending)
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("requests_seen", "sampled", "completed", "dropped", "failed", "top1_mismatches"), 0)
+        counters = ("requests_seen", "sampled", "completed", "dropped", "failed", "top1_mismatches")
+        self._counts = dict.fromkeys(counters, 0)
         self._kl = {"sum": 0.0, "max": 0.0, "last": 0.0}
         self._thread = threading.Thread(target=self._run, name="blendserve-shadow", daemon=True)
         self._thread.start()

@@ -1,4 +1,4 @@
-"""The per-request fallback: when the check layer's deviation is not sparse, cacheblend raises its ratio or goes full."""
+"""The per-request fallback: a request whose check-layer deviation is not sparse runs at a higher ratio, or in full."""
 import pytest
 import torch
 

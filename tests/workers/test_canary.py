@@ -28,7 +28,8 @@ def test_canary_refuses_unrotated_keys_and_the_engine_serves_full_prefill(
     assert not report.passed and report.kv_deviation > 2 * report.max_deviation
     assert "blending refused" in caplog.text and "canary gate" in caplog.text
     record = qa_records[0]
-    request = BlendRequest(record["documents"], record["question"], "cacheblend", 0.15, SamplingParams(max_new_tokens=4))
+    short = SamplingParams(max_new_tokens=4)
+    request = BlendRequest(record["documents"], record["question"], "cacheblend", 0.15, short)
     served = engine.generate(request)
     reference = engine.generate(BlendRequest(record["documents"], record["question"], "full_prefill",
                                              sampling=SamplingParams(max_new_tokens=4)))

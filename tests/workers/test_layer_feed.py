@@ -32,7 +32,10 @@ class SlowTier(MemoryTier):
         return super().read(key, start, end)
 
 
-@pytest.mark.parametrize("mode,ratio", [("cacheblend", 0.15), ("full_reuse", 0.0), ("epic", 0.15), ("cachecraft", 0.15)])
+MODES = [("cacheblend", 0.15), ("full_reuse", 0.0), ("epic", 0.15), ("cachecraft", 0.15)]
+
+
+@pytest.mark.parametrize("mode,ratio", MODES)
 def test_pipelined_equals_non_pipelined_exactly(checkpoint: Checkpoint, qa_records: list[dict], mode: str,
                                                ratio: float) -> None:
     store = LocalChunkStore()

@@ -20,7 +20,8 @@ def tokens_for_coverage(deviation: torch.Tensor, target: float) -> int:
     if total <= 0.0 or target <= 0.0:
         return 0
     cumulative = torch.sort(deviation, descending=True).values.double().cumsum(0) / total
-    return min(deviation.numel(), int(torch.searchsorted(cumulative, torch.tensor([target - 1e-12], dtype=torch.float64))) + 1)
+    index = torch.searchsorted(cumulative, torch.tensor([target - 1e-12], dtype=torch.float64))
+    return min(deviation.numel(), int(index) + 1)
 
 
 def escalated_ratio(
