@@ -79,9 +79,11 @@ def _decode_tok_s(times: list[float]) -> float | None:
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) >= 8 and times[-1] > times[0] else None
 
 
-def _blended(engine: Any, docs: list[str], question: str, ratio: float, max_tokens: int) -> dict[str, Any]:
+def _blended(
+    engine: Any, docs: list[str], question: str, ratio: float, max_tokens: int, mode: str = "cacheblend"
+) -> dict[str, Any]:
     sampling = SamplingParams(max_new_tokens=max_tokens)
-    generation = engine.open(BlendRequest(docs, question, "cacheblend", ratio, sampling))
+    generation = engine.open(BlendRequest(docs, question, mode, ratio, sampling))
     tokens, times = [], []
     for token in generation:
         tokens.append(token)
@@ -116,6 +118,8 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_bench.json"))
+    parser.add_argument("--engine-full-prefill", action="store_true",
+                        help="also run the vLLM engine's full_prefill mode (plain vLLM on the engine's own thread)")
     args = parser.parse_args()
 
     from workers.vllm.engine import VLLMEngine
@@ -140,16 +144,21 @@ def main() -> None:
         reorder = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)
         repeat = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)
         blended = _blended(engine, reordered, record.question, args.ratio, args.max_tokens)
+        if args.engine_full_prefill:
+            own = _blended(engine, reordered, record.question, args.ratio, args.max_tokens, "full_prefill")
         decode = engine.tokenizer.decode
         reference = decode(reorder["tokens"], skip_special_tokens=True).strip()
         answer = decode(blended["tokens"], skip_special_tokens=True).strip()
         row = {"id": record.id, "plain_first_seen": first, "plain_reordered": reorder, "plain_repeat": repeat,
                "blended": blended, "agreement_f1": token_f1(answer, reference),
                "f1_blended": best_f1(answer, record.answers), "f1_plain": best_f1(reference, record.answers)}
+        if args.engine_full_prefill:
+            row["engine_full_prefill"] = own
         rows.append(row)
         print(f"{record.id}: plain {reorder['ttft_s']:.2f}s repeat {repeat['ttft_s']:.2f}s "
               f"blended {blended['ttft_s']:.2f}s agreement {row['agreement_f1']:.2f}", flush=True)
     names = ("plain_first_seen", "plain_reordered", "plain_repeat", "blended")
+    names += ("engine_full_prefill",) if args.engine_full_prefill else ()
     systems = {name: _summary(rows, name) for name in names}
     plain_ttft = systems["plain_reordered"]["ttft_s_median"]
     result = {
