@@ -21,6 +21,7 @@ from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
 from workers.vllm.engine_loop import EngineLoop, TokenStream
 from workers.vllm.handoff import drop_kv, put_kv
 from workers.vllm.module_runner import VLLMModuleRunner, shared_checkpoint
+from workers.vllm.paged_attention import PagedAttention
 from workers.vllm.params import ContextKVParams
 from workers.vllm.settings import VLLMSettings
 
@@ -48,9 +49,10 @@ class VLLMEngine(Engine):
         self._loop = EngineLoop(lambda: _build_llm_engine(Path(model_path), settings, dtype))
         model = self._loop.call(self._model)
         checkpoint = shared_checkpoint(Path(model_path), model, template.tokenizer if template else None)
-        self.blend = BlendEngine(checkpoint, options, store, template, chunk_context)
-        self.blend.runner = VLLMModuleRunner(checkpoint, model)  # fusion computes with vLLM's weights
         self.block_size = self._loop.engine.vllm_config.cache_config.block_size
+        self.blend = BlendEngine(checkpoint, options, store, template, chunk_context)
+        paged = PagedAttention.from_vllm_model(model, self.block_size) if settings.paged_fusion_attention else None
+        self.blend.runner = VLLMModuleRunner(checkpoint, model, paged)  # fusion computes with vLLM's weights
         self.stop_token_ids = self.blend.stop_token_ids
         self._vocab_size = checkpoint.config.vocab_size
 

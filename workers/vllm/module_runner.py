@@ -10,6 +10,7 @@ from workers.fingerprint import model_fingerprint
 from workers.kv_cache import KVCache
 from workers.layers import causal_attention, positional_attention, rms_norm
 from workers.rope import apply_rope
+from workers.vllm.paged_attention import MIN_QUERIES, PagedAttention
 from workers.runner import ModelRunner
 from workers.weights import LayerWeights, ModelWeights
 
@@ -48,12 +49,15 @@ def shared_checkpoint(
 class VLLMModuleRunner(ModelRunner):
     """Same layer-wise steps as ModelRunner; projections and MLP run through vLLM's loaded submodules.
 
-    Attention stays blendserve's (vLLM's Attention needs a forward context); RoPE is blendserve's (exact).
+    Attention of many scattered queries (selective recompute) runs in vLLM's CPU attention kernel when given
+    `paged`; other attention is blendserve's (vLLM's Attention module needs a forward context). RoPE is
+    blendserve's, so fresh keys match the re-rotation of cached ones.
     """
 
-    def __init__(self, checkpoint: Checkpoint, model: torch.nn.Module) -> None:
+    def __init__(self, checkpoint: Checkpoint, model: torch.nn.Module, paged: PagedAttention | None = None) -> None:
         super().__init__(checkpoint)
         self._layers = list(model.model.layers)
+        self.paged = paged  # vLLM's CPU kernel for many scattered queries (None: blendserve's attention)
         if len(self._layers) != self.config.num_layers:
             raise ValueError(f"vLLM model has {len(self._layers)} layers, the config {self.config.num_layers}")
 
@@ -78,7 +82,12 @@ class VLLMModuleRunner(ModelRunner):
         cfg, w, module = self.config, self.weights.layers[layer], self._layers[layer]
         end = int(positions[-1]) + 1
         k, v = cache.layer(layer, end)
-        attn = causal_attention(q, k, v) if end == q.shape[0] else positional_attention(q, positions, k, v)
+        if end == q.shape[0]:
+            attn = causal_attention(q, k, v)
+        elif self.paged is not None and q.shape[0] >= MIN_QUERIES:
+            attn = self.paged(q, positions, k, v)
+        else:
+            attn = positional_attention(q, positions, k, v)
         out, _ = module.self_attn.o_proj(attn.contiguous())
         h = h + out
         x = rms_norm(h, w.post_norm, cfg.rms_norm_eps)

