@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from cluster.config_schema import (
     EngineConfig,
     FusionConfig,
+    GuardrailsConfig,
     LimitsConfig,
     ModelConfig,
     PromptConfig,
@@ -30,6 +31,7 @@ __all__ = [
     "ConfigError",
     "EngineConfig",
     "FusionConfig",
+    "GuardrailsConfig",
     "LimitsConfig",
     "ModelConfig",
     "PromptConfig",
@@ -52,6 +54,7 @@ class ServeConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     fusion: FusionConfig = field(default_factory=FusionConfig)
+    guardrails: GuardrailsConfig = field(default_factory=GuardrailsConfig)
     data_dir: Path = Path("data")
     tiers: tuple[TierConfig, ...] | None = None
     router: RouterWeights = field(default_factory=RouterWeights)

@@ -95,6 +95,22 @@ class FusionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GuardrailsConfig:
+    """Quality guardrails of every worker: the canary gate, the per-request fallback, shadow comparison."""
+
+    canary: bool = True  # fuse a canary prompt at start; refuse blending if it deviates from full prefill
+    canary_max_deviation: float = 0.02  # relative KV deviation above which the canary fails
+    fallback_min_coverage: float = 0.6  # cacheblend: share of check-layer deviation the kept tokens must hold
+    shadow_fraction: float = 0.0  # blended requests also run in full prefill off the hot path, compared
+    controller: bool = False  # calibrate the loading controller at start and let it pick ratio and tiers
+
+    def __post_init__(self) -> None:
+        check(self.canary_max_deviation > 0, "canary_max_deviation", "a number > 0", self.canary_max_deviation)
+        check(0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage)
+        check(0.0 <= self.shadow_fraction <= 1.0, "shadow_fraction", "in [0, 1]", self.shadow_fraction)
+
+
+@dataclass(frozen=True, slots=True)
 class TierConfig:
     """One chunk-KV tier: its name (a tier the router weighs), fsspec URL, byte capacity and eviction policy."""
 

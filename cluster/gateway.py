@@ -123,13 +123,13 @@ class Gateway:
     async def render_metrics(self) -> bytes:
         """Prometheus text, with queue depths and evictions read now."""
         members = await self.cluster.members()
-        evictions = {(m.worker_id, tier): count for m in members for tier, count in m.evictions.items()}
+        evictions = {(m.worker_id, tier): count for m in members for tier, count in m.report.evictions.items()}
         try:
             evictions.update(await self.cluster.shard_evictions())
         except Exception:  # a shard that does not answer leaves its series out of this scrape
             _log.warning("blendserve: a shard did not report its stats", exc_info=True)
         queues = {m.worker_id: self.admission.num_queued(m.worker_id) for m in members}
-        self.metrics.set_state(queues, evictions, len(members))
+        self.metrics.set_state(queues, evictions, {m.worker_id: m.report for m in members})
         return self.metrics.render()
 
     async def _admit(self, prompt: PromptLayout, tenant: str, cost: int) -> str:

@@ -3,6 +3,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from scheduler.membership import WorkerReport
 from workers.worker import Finished
 
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -26,6 +27,14 @@ class ServeMetrics:
         self.queue_depth = Gauge("blendserve_queue_depth", "Admitted, unfinished requests per worker", ["worker"], registry=r)
         self.evictions = Gauge("blendserve_kv_evictions", "Chunks evicted so far, per store and tier", ["holder", "tier"], registry=r)
         self.workers_ready = Gauge("blendserve_workers_ready", "Workers with a loaded model", registry=r)
+        self.blending_refused = Gauge(
+            "blendserve_blending_refused", "1 when the worker's canary gate failed (full prefill only)", ["worker"],
+            registry=r,
+        )
+        self.shadow = Gauge(
+            "blendserve_shadow", "Shadow comparison with full prefill per worker: completed, dropped, failed, "
+            "top1_agreement, first_token_kl_mean, first_token_kl_max", ["worker", "figure"], registry=r,
+        )
 
     def observe(self, finished: Finished) -> None:
         """Record one answered request's blend stats."""
@@ -36,7 +45,10 @@ class ServeMetrics:
         self.recompute_ratio.observe(finished.recompute_ratio)
 
     def set_state(
-        self, queue_depths: Mapping[str, int], evictions: Mapping[tuple[str, str], int], num_workers_ready: int
+        self,
+        queue_depths: Mapping[str, int],
+        evictions: Mapping[tuple[str, str], int],
+        reports: Mapping[str, WorkerReport],
     ) -> None:
         """Replace the gauges with the cluster's current state (workers that left disappear)."""
         self.queue_depth.clear()
@@ -45,7 +57,13 @@ class ServeMetrics:
         self.evictions.clear()
         for (holder, tier), count in evictions.items():
             self.evictions.labels(holder, tier).set(count)
-        self.workers_ready.set(num_workers_ready)
+        self.workers_ready.set(len(reports))
+        self.blending_refused.clear()
+        self.shadow.clear()
+        for worker, report in reports.items():
+            self.blending_refused.labels(worker).set(int(report.blending_refused))
+            for figure, value in report.shadow.items():
+                self.shadow.labels(worker, figure).set(value)
 
     def render(self) -> bytes:
         """Prometheus text exposition."""

@@ -6,14 +6,17 @@ import threading
 import ray
 import torch
 
-from cluster.config import ServeConfig
+from cluster.config import GuardrailsConfig, ServeConfig
 from kvplane.index_reporter import IndexReporter
 from kvplane.location_index import launch_location_index
 from kvplane.shard import ShardConfig, ensure_local_shard
 from kvplane.shard_directory import ShardDirectory
 from kvplane.store import TieredStore
 from kvplane.worker_store import open_worker_store
-from scheduler.membership import launch_membership
+from scheduler.membership import WorkerReport, launch_membership
+from workers.canary import canary_gate
+from workers.controller import calibrate_controller
+from workers.shadow import ShadowSampler, ShadowSummary
 from workers.checkpoint import load_checkpoint, load_model_card
 from workers.default_model import prepare_default_model
 from workers.engine import BlendEngine
@@ -62,7 +65,10 @@ def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tupl
     _, tokenizer = load_model_card(path)
     prompt = config.prompt
     template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
-    options = FusionOptions(recompute_ratio=config.fusion.recompute_ratio)
+    guardrails = config.guardrails
+    options = FusionOptions(
+        recompute_ratio=config.fusion.recompute_ratio, fallback_min_coverage=guardrails.fallback_min_coverage
+    )
     fingerprint = model_fingerprint(path)
     chunk_store = KVPlaneChunkStore(store, fingerprint)
     if config.engine.kind == "vllm":
@@ -73,21 +79,33 @@ def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tupl
             path, scratch, config.engine.vllm, options, chunk_store, template, config.engine.chunk_context,
             config.model.dtype,
         )
+        fusion = engine.blend
     else:
         torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
         checkpoint = load_checkpoint(path, getattr(torch, config.model.dtype))
-        engine = BlendEngine(checkpoint, options, chunk_store, template, config.engine.chunk_context)
-    return Worker(engine, worker_id), fingerprint
+        engine = fusion = BlendEngine(checkpoint, options, chunk_store, template, config.engine.chunk_context)
+    apply_guardrails(fusion, guardrails)
+    shadow = ShadowSampler(engine, guardrails.shadow_fraction) if guardrails.shadow_fraction > 0 else None
+    return Worker(engine, worker_id, shadow, fusion.blending_refused is not None), fingerprint
+
+
+def apply_guardrails(fusion: BlendEngine, guardrails: GuardrailsConfig) -> None:
+    """The canary gate (which may refuse blending) and the calibrated loading controller, as configured."""
+    if guardrails.canary:
+        canary_gate(fusion, max_deviation=guardrails.canary_max_deviation)
+    if guardrails.controller:
+        fusion.controller = calibrate_controller(fusion.runner, fusion.options)
 
 
 class Heartbeat:
-    """Tells the membership actor every second that this worker is up, with its evictions so far."""
+    """Tells the membership actor every second that this worker is up, with its evictions and guardrails."""
 
     def __init__(
-        self, worker_id: str, node_id: str, fingerprint: str, store: TieredStore, directory: ShardDirectory | None
+        self, worker: Worker, node_id: str, fingerprint: str, store: TieredStore, directory: ShardDirectory | None
     ) -> None:
         self._membership = launch_membership()
-        self._args = (worker_id, node_id, fingerprint)
+        self._args = (worker.worker_id, node_id, fingerprint)
+        self._worker = worker
         self._store = store
         self._directory = directory
         self._stopped = threading.Event()
@@ -98,7 +116,13 @@ class Heartbeat:
     def beat(self) -> None:
         """Report once."""
         evictions = {tier: stats.evictions for tier, stats in self._store.stats().tiers.items() if tier == "device"}
-        self._membership.heartbeat.remote(*self._args, evictions)
+        shadow = self._worker.shadow
+        report = WorkerReport(
+            evictions=evictions,
+            blending_refused=self._worker.blending_refused,
+            shadow={} if shadow is None else shadow_report(shadow.summary()),
+        )
+        self._membership.heartbeat.remote(*self._args, report)
 
     def stop(self) -> None:
         """Stop reporting and leave the membership."""
@@ -122,4 +146,16 @@ def start_worker(config: ServeConfig, worker_id: str) -> tuple[Worker, Heartbeat
     node_id = ray.get_runtime_context().get_node_id()
     store, directory = open_serving_store(config, worker_id, node_id)
     worker, fingerprint = load_worker(config, worker_id, store)
-    return worker, Heartbeat(worker_id, node_id, fingerprint, store, directory)
+    return worker, Heartbeat(worker, node_id, fingerprint, store, directory)
+
+
+def shadow_report(summary: ShadowSummary) -> dict[str, float]:
+    """The shadow comparison's figures a heartbeat carries."""
+    return {
+        "completed": summary.completed,
+        "dropped": summary.dropped,
+        "failed": summary.failed,
+        "top1_agreement": summary.top1_agreement,
+        "first_token_kl_mean": summary.first_token_kl_mean,
+        "first_token_kl_max": summary.first_token_kl_max,
+    }

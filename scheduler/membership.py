@@ -14,6 +14,15 @@ MEMBERSHIP_ACTOR_NAME = "blendserve-membership"
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """What a worker tells with each heartbeat: its cache evictions and its quality guardrails."""
+
+    evictions: dict[str, int] = field(default_factory=dict)  # tier -> chunks evicted so far
+    blending_refused: bool = False  # the canary gate failed: the worker serves full prefill only
+    shadow: dict[str, float] = field(default_factory=dict)  # shadow-comparison counters and gauges
+
+
+@dataclass(frozen=True, slots=True)
 class Member:
     """One ready worker: its id, the node it runs on, the model it serves and its last report."""
 
@@ -21,7 +30,7 @@ class Member:
     node_id: str
     fingerprint: str
     last_seen_s: float = 0.0
-    evictions: dict[str, int] = field(default_factory=dict)
+    report: WorkerReport = field(default_factory=WorkerReport)
 
 
 class Membership:
@@ -33,10 +42,10 @@ class Membership:
         self._now_s = now_s
         self._members: dict[str, Member] = {}
 
-    def heartbeat(self, worker_id: str, node_id: str, fingerprint: str, evictions: dict[str, int]) -> None:
+    def heartbeat(self, worker_id: str, node_id: str, fingerprint: str, report: WorkerReport) -> None:
         """A worker is alive (and ready); joining is the first heartbeat."""
         check(bool(worker_id), "worker_id", "a non-empty string", worker_id)
-        self._members[worker_id] = Member(worker_id, node_id, fingerprint, self._now_s(), dict(evictions))
+        self._members[worker_id] = Member(worker_id, node_id, fingerprint, self._now_s(), report)
 
     def leave(self, worker_id: str) -> None:
         """A worker shut down cleanly."""

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from workers.engine import BlendRequest
 from workers.engine_base import Engine, StoredChunk
+from workers.shadow import ShadowSampler
 from workers.text_stream import TextStream
 
 
@@ -43,13 +44,19 @@ Event = TextDelta | Finished
 class Worker:
     """One engine behind a worker id; runs up to `engine.max_concurrent_jobs` jobs at once (its shell's bound)."""
 
-    def __init__(self, engine: Engine, worker_id: str) -> None:
+    def __init__(
+        self, engine: Engine, worker_id: str, shadow: ShadowSampler | None = None, blending_refused: bool = False
+    ) -> None:
         self.engine = engine
         self.worker_id = worker_id
+        self.shadow = shadow
+        self.blending_refused = blending_refused  # the canary gate failed at start: full prefill only
 
     def run(self, job: Job) -> Iterator[Event]:
         """Prefill, then stream the answer; a stop string ends decoding early."""
         generation = self.engine.open(job.request)
+        if self.shadow is not None:
+            self.shadow.observe(job.request, generation.stats)  # after the first token: off the hot path
         text = TextStream(self.engine.tokenizer, job.stop)
         num_tokens = 0
         stop_token_ids = set(job.request.sampling.stop_token_ids or self.engine.stop_token_ids)

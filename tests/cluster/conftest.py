@@ -13,6 +13,7 @@ SERVE_CONFIG = {
     "workers": {"num_replicas": 2, "num_cpus": 1},
     "engine": {"kind": "torch", "num_threads": 1},  # the cheap reference engine; test_vllm_serving.py runs vLLM
     "admission": {"max_queued_per_worker": 2, "initial_service_time_s": 2.0},
+    "guardrails": {"shadow_fraction": 1.0},  # every blended request is also compared with full prefill
     "limits": {"max_documents": 8, "max_tokens": 64, "default_max_tokens": 16, "max_request_body_bytes": 65536},
 }
 READY_TIMEOUT_S = 240

@@ -1,4 +1,6 @@
 """The served app end to end: openai client, cache reuse, affinity, streaming, documents API, metrics."""
+import time
+
 import httpx
 import openai
 import pytest
@@ -43,6 +45,16 @@ def test_chat_with_documents_answers_and_reuses_the_chunks_the_second_time(clien
     assert blend["mode"] == "cacheblend" and blend["recompute_ratio"] == 0.15
     assert blend["reused_tokens"] == {}  # nothing cached yet
     assert first.usage.prompt_tokens == blend["recomputed_tokens"] > 0
+
+    # The shadow comparison of the first request runs off the hot path; let it finish so it cannot slow the
+    # second request's prefill, and check it reached /metrics through the worker's heartbeat.
+    worker = blend["worker"]
+    deadline_s = time.monotonic() + 60
+    while metric(server, "blendserve_shadow", worker=worker, figure="completed") < 1 and time.monotonic() < deadline_s:
+        time.sleep(0.5)
+    assert metric(server, "blendserve_shadow", worker=worker, figure="completed") >= 1
+    assert 0.0 <= metric(server, "blendserve_shadow", worker=worker, figure="first_token_kl_mean") < 1.0
+    assert metric(server, "blendserve_blending_refused", worker=worker) == 0.0  # the canary gate passed
 
     reused_before = sum(metric(server, "blendserve_reused_tokens_total", tier=t) for t in ("device", "ram", "ssd"))
     second = chat(client, [DOCS[2], "Budapest is the capital of Hungary.", DOCS[0], DOCS[1]], tenant="reuse")

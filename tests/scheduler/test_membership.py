@@ -1,7 +1,7 @@
 """Membership: heartbeats keep a worker listed; silence past the timeout drops it."""
 import pytest
 
-from scheduler.membership import Membership
+from scheduler.membership import Membership, WorkerReport
 
 
 class Clock:
@@ -15,15 +15,16 @@ class Clock:
 def test_members_expire_without_heartbeats_and_return_when_heard_again():
     clock = Clock()
     membership = Membership(timeout_s=5.0, now_s=clock)
-    membership.heartbeat("w2", "node-a", "fp", {"device": 3})
-    membership.heartbeat("w1", "node-a", "fp", {})
+    membership.heartbeat("w2", "node-a", "fp", WorkerReport({"device": 3}))
+    membership.heartbeat("w1", "node-a", "fp", WorkerReport())
     assert [m.worker_id for m in membership.members()] == ["w1", "w2"]
     clock.now_s += 4.0
-    membership.heartbeat("w1", "node-a", "fp", {})
+    membership.heartbeat("w1", "node-a", "fp", WorkerReport())
     clock.now_s += 2.0
     assert [m.worker_id for m in membership.members()] == ["w1"]
-    membership.heartbeat("w2", "node-b", "fp", {})
+    membership.heartbeat("w2", "node-b", "fp", WorkerReport())
     assert {m.worker_id: m.node_id for m in membership.members()} == {"w1": "node-a", "w2": "node-b"}
+    assert membership.members()[1].report == WorkerReport()
     membership.leave("w1")
     assert [m.worker_id for m in membership.members()] == ["w2"]
 
@@ -32,4 +33,4 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="timeout_s"):
         Membership(timeout_s=0)
     with pytest.raises(ValueError, match="worker_id"):
-        Membership().heartbeat("", "node", "fp", {})
+        Membership().heartbeat("", "node", "fp", WorkerReport())
