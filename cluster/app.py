@@ -121,13 +121,17 @@ class WorkerDeployment:
             async for event in _in_thread(self._worker.run(job)):
                 yield event
 
-    async def store_documents(self, documents: list[str], namespace: str, worker_id: str | None = None) -> list[StoredChunk]:
+    async def store_documents(
+        self, documents: list[str], namespace: str, worker_id: str | None = None
+    ) -> list[StoredChunk]:
         async with self._slots:
             return await asyncio.to_thread(self._worker.store_documents, documents, namespace)
 
     def __del__(self) -> None:
-        self._heartbeat.stop()
-        self._worker.engine.close()
+        # Serve calls this on shutdown; a replica whose start failed has nothing to stop.
+        if hasattr(self, "_heartbeat"):
+            self._heartbeat.stop()
+            self._worker.engine.close()
 
 
 async def _in_thread(items: Iterator[T]) -> AsyncIterator[T]:
