@@ -58,6 +58,7 @@ def measure_canary(engine: BlendEngine, mode: str = "cacheblend", ratio: float |
     # A private store, so the canary's chunks never reach the serving store.
     probe = BlendEngine(engine.runner.checkpoint, engine.options, LocalChunkStore(), engine.template,
                         engine.chunk_context, engine.loader)
+    probe.runner = engine.runner  # the engine's own runner (the vLLM engine's computes with vLLM's modules)
     ratio = engine.options.recompute_ratio if ratio is None else ratio
     prompt = probe.layout(list(CANARY_DOCUMENTS), CANARY_QUESTION)
     probe.precompute(prompt)
