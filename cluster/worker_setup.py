@@ -62,16 +62,22 @@ def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tup
 def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tuple[Worker, str]:
     """The configured model in the configured engine over `store`, and the model's fingerprint."""
     path = config.model.path or prepare_default_model()
-    _, tokenizer = load_model_card(path)
+    vllm = config.engine.kind == "vllm"
+    if vllm:  # vLLM loads the weights itself: read only the model card here
+        _, tokenizer = load_model_card(path)
+        fingerprint = model_fingerprint(path)
+    else:
+        torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
+        checkpoint = load_checkpoint(path, getattr(torch, config.model.dtype))
+        tokenizer, fingerprint = checkpoint.tokenizer, checkpoint.fingerprint  # fingerprinting reads every weight
     prompt = config.prompt
     template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
     guardrails = config.guardrails
     options = FusionOptions(
         recompute_ratio=config.fusion.recompute_ratio, fallback_min_coverage=guardrails.fallback_min_coverage
     )
-    fingerprint = model_fingerprint(path)
     chunk_store = KVPlaneChunkStore(store, fingerprint)
-    if config.engine.kind == "vllm":
+    if vllm:
         from workers.vllm.engine import VLLMEngine  # imports vllm: only where the vLLM engine is configured
 
         scratch = config.data_dir.absolute() / "vllm"
@@ -81,8 +87,6 @@ def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tupl
         )
         fusion = engine.blend
     else:
-        torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
-        checkpoint = load_checkpoint(path, getattr(torch, config.model.dtype))
         engine = fusion = BlendEngine(checkpoint, options, chunk_store, template, config.engine.chunk_context)
     apply_guardrails(fusion, guardrails)
     shadow = ShadowSampler(engine, guardrails.shadow_fraction) if guardrails.shadow_fraction > 0 else None
