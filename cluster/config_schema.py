@@ -88,10 +88,12 @@ class FusionConfig:
 
     mode: str = "cacheblend"
     recompute_ratio: float = 0.15
+    selection_span_tokens: int = 16  # cacheblend recomputes aligned spans of this many tokens (1: single tokens)
 
     def __post_init__(self) -> None:
         check(self.mode in FUSION_MODES, "mode", f"one of {sorted(FUSION_MODES)}", self.mode)
         check(0.0 <= self.recompute_ratio <= 1.0, "recompute_ratio", "in [0, 1]", self.recompute_ratio)
+        check(self.selection_span_tokens >= 1, "selection_span_tokens", "an integer >= 1", self.selection_span_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,9 @@ def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tupl
     template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
     guardrails = config.guardrails
     options = FusionOptions(
-        recompute_ratio=config.fusion.recompute_ratio, fallback_min_coverage=guardrails.fallback_min_coverage
+        recompute_ratio=config.fusion.recompute_ratio,
+        selection_span_tokens=config.fusion.selection_span_tokens,
+        fallback_min_coverage=guardrails.fallback_min_coverage,
     )
     chunk_store = KVPlaneChunkStore(store, fingerprint)
     if vllm:

@@ -25,7 +25,8 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_app(tmp_path_factory.mktemp("serve-vllm"), VLLM_CONFIG) as base_url:
+    # a short folder name: Ray's socket paths under it must stay within 107 bytes
+    with running_app(tmp_path_factory.mktemp("sv"), VLLM_CONFIG) as base_url:
         yield base_url
 
 

@@ -21,6 +21,7 @@ class FusionOptions:
     deviation_metric: str = "kv"
     filter_layers: tuple[int, ...] = (1, 2)
     filter_multipliers: tuple[float, ...] = (2.0, 1.0)
+    selection_span_tokens: int = 16  # cacheblend: recompute whole aligned spans of this many positions
     epic_tokens: int | None = None
     cci_reuse_below: float = 0.02
     cci_full_above: float = 0.6
@@ -41,6 +42,8 @@ class FusionOptions:
             raise ValueError("filter_layers must be strictly ascending and start at layer 1 or later")
         if any(m < 1.0 for m in self.filter_multipliers) or self.filter_multipliers[-1] != 1.0:
             raise ValueError("filter_multipliers must be >= 1 and end at 1.0 (the target ratio)")
+        if self.selection_span_tokens < 1:
+            raise ValueError(f"selection_span_tokens must be >= 1, got {self.selection_span_tokens}")
         if self.epic_tokens is not None and self.epic_tokens < 0:
             raise ValueError("epic_tokens must be >= 0")
         if not 0.0 <= self.cci_reuse_below < self.cci_full_above <= 1.0:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.fusion.base import FusionMode, all_positions
-from workers.fusion.deviation import keep_top, kv_deviation, ratio_count
+from workers.fusion.deviation import keep_top_spans, kv_deviation, ratio_count
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
@@ -67,7 +67,8 @@ class CacheBlend(FusionMode):
                 _log.info("cacheblend: deviation not sparse at layer %d; ratio %.2f -> %.2f", step.layer,
                           state.value, raised)
                 state.value = raised
-        return keep_top(deviation, forced, ratio_count(min(1.0, state.value * multiplier), num_reusable))
+        num_keep = ratio_count(min(1.0, state.value * multiplier), num_reusable)
+        return keep_top_spans(deviation, forced, num_keep, step.positions, opts.selection_span_tokens)
 
 
 def step_deviation(step: LayerStep, metric: str) -> torch.Tensor:

@@ -1,17 +1,14 @@
-"""Block arithmetic of vLLM's paged KV cache: whole-block hits and token slots."""
+"""Token arithmetic of vLLM's paged KV cache: how much context is injected, and its slots."""
 import torch
 
 
-def whole_block_tokens(context_tokens: int, prompt_tokens: int, block_size: int) -> int:
-    """Context tokens that can be reported computed: whole blocks only, and never the prompt's last token.
+def injectable_tokens(context_tokens: int, prompt_tokens: int) -> int:
+    """Context tokens the connector reports computed: the whole context, but never the prompt's last token.
 
-    vLLM must still run at least one prompt token to produce logits, and a partial last block is left to
-    vLLM's own prefill, so only blocks fully inside the context (and before the last token) count.
+    vLLM must still run at least one prompt token to produce logits. The context may end inside a block:
+    vLLM's scheduler takes an unaligned external hit and prefills the rest of that block from the question on.
     """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    usable = min(context_tokens, prompt_tokens - 1)
-    return max(usable, 0) // block_size * block_size
+    return max(min(context_tokens, prompt_tokens - 1), 0)
 
 
 def slot_mapping(block_ids: list[int], start: int, end: int, block_size: int) -> torch.Tensor:

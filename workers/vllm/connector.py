@@ -9,7 +9,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.model_executor.models.utils import extract_layer_index
 
-from workers.vllm.blocks import slot_mapping, whole_block_tokens
+from workers.vllm.blocks import injectable_tokens, slot_mapping
 from workers.vllm.handoff import drop_kv
 from workers.vllm.metadata import BlendConnectorMetadata, ContextLoad
 from workers.vllm.params import PARAMS_KEY, ContextKVParams
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class BlendKVConnector(KVConnectorBase_V1):
-    """Load-only connector: the context's whole blocks come from blendserve, vLLM prefills the rest.
+    """Load-only connector: the context's KV comes from blendserve, vLLM prefills the question and decodes.
 
     A request opts in with SamplingParams(extra_args=ContextKVParams(...).as_extra_args()). The worker side
     writes each layer's K/V through the attention backend's own cache writer (do_kv_cache_update) just
@@ -48,11 +48,11 @@ class BlendKVConnector(KVConnectorBase_V1):
     # ---------------- scheduler side ----------------
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
-        """Whole context blocks beyond what vLLM already has (synchronous load, so never async)."""
+        """Context tokens beyond what vLLM already has (synchronous load, so never async)."""
         params = ContextKVParams.from_kv_transfer_params(request.kv_transfer_params)
         if params is None or not params.is_available():
             return 0, False
-        hit = whole_block_tokens(params.num_tokens, request.num_prompt_tokens, self._block_size)
+        hit = injectable_tokens(params.num_tokens, request.num_prompt_tokens)
         return max(hit - num_computed_tokens, 0), False
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
@@ -61,7 +61,7 @@ class BlendKVConnector(KVConnectorBase_V1):
             return
         params = ContextKVParams.from_kv_transfer_params(request.kv_transfer_params)
         assert params is not None, "external tokens granted to a request without blendserve params"
-        end = whole_block_tokens(params.num_tokens, request.num_prompt_tokens, self._block_size)
+        end = injectable_tokens(params.num_tokens, request.num_prompt_tokens)
         block_ids = list(blocks.get_block_ids()[0])
         self._pending.append(ContextLoad(request.request_id, params, block_ids, end - num_external_tokens, end))
         self._loaded_tokens[request.request_id] = num_external_tokens

@@ -16,7 +16,7 @@ from workers.fusion.base import FusionOptions
 from workers.fusion.layout import SUFFIX, BlendLayout
 from workers.prompt import PromptLayout, PromptTemplate
 from workers.sampling import SamplingParams
-from workers.vllm.blocks import whole_block_tokens
+from workers.vllm.blocks import injectable_tokens
 from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
 from workers.vllm.engine_loop import EngineLoop, TokenStream
 from workers.vllm.handoff import drop_kv, put_kv
@@ -127,10 +127,11 @@ class VLLMEngine(Engine):
         params = self._vllm_params(sampling)
         key = None
         if request.mode != PLAIN_MODE:
-            cache, prefill, layout = self.blend.fuse(prompt, request.mode, ratio, 0, request.namespace)
+            context = replace(prompt, suffix_ids=[])  # vLLM prefills the question itself, over the fused KV
+            cache, prefill, layout = self.blend.fuse(context, request.mode, ratio, 0, request.namespace)
             num_context = layout.num_context_tokens
             fused.update(layout=layout, fraction=prefill.recomputed_fraction)
-            if whole_block_tokens(num_context, len(prompt.token_ids), self.block_size) > 0:
+            if injectable_tokens(num_context, len(prompt.token_ids)) > 0:
                 key = put_kv(cache.data[:, :, :num_context])
                 extra = ContextKVParams(num_context, key=key).as_extra_args()
                 params.extra_args = {**(params.extra_args or {}), **extra}
@@ -183,7 +184,7 @@ class VLLMEngine(Engine):
         num_tokens = len(prompt.token_ids)
         context = num_tokens - len(prompt.suffix_ids)
         layout: BlendLayout | None = fused.get("layout")
-        injected = whole_block_tokens(context, num_tokens, self.block_size) if layout is not None else 0
+        injected = injectable_tokens(context, num_tokens) if layout is not None else 0
         fraction = fused.get("fraction", 1.0) if injected else 1.0
         logprobs = torch.full((self._vocab_size,), float("-inf"))
         for token, value in stream.first_logprobs.items():
@@ -202,7 +203,7 @@ class VLLMEngine(Engine):
 
 
 def _reused_by_tier(layout: BlendLayout | None, injected: int) -> dict[str, int]:
-    """Tokens of cached KV that reached vLLM (the injected whole blocks), per tier they were found in."""
+    """Tokens of cached KV that reached vLLM (the injected context), per tier they were found in."""
     reused: dict[str, int] = {}
     for seg in layout.segments if layout is not None else ():
         overlap = min(seg.end, injected) - seg.start

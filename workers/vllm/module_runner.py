@@ -2,7 +2,6 @@
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from workers.checkpoint import Checkpoint, load_model_card
@@ -49,9 +48,9 @@ def shared_checkpoint(
 class VLLMModuleRunner(ModelRunner):
     """Same layer-wise steps as ModelRunner; projections and MLP run through vLLM's loaded submodules.
 
-    Attention of many scattered queries (selective recompute) runs in vLLM's CPU attention kernel when given
-    `paged`; other attention is blendserve's (vLLM's Attention module needs a forward context). RoPE is
-    blendserve's, so fresh keys match the re-rotation of cached ones.
+    Attention of more than a few queries (full layers and the selective recompute) runs in vLLM's CPU
+    attention kernel when given `paged`; other attention is blendserve's (vLLM's Attention module needs a
+    forward context). RoPE is blendserve's, so fresh keys match the re-rotation of cached ones.
     """
 
     def __init__(self, checkpoint: Checkpoint, model: torch.nn.Module, paged: PagedAttention | None = None) -> None:
@@ -82,16 +81,12 @@ class VLLMModuleRunner(ModelRunner):
         cfg, w, module = self.config, self.weights.layers[layer], self._layers[layer]
         end = int(positions[-1]) + 1
         k, v = cache.layer(layer, end)
-        if end == q.shape[0]:
-            attn = causal_attention(q, k, v)
-        elif self.paged is not None and q.shape[0] >= MIN_QUERIES:
+        if self.paged is not None and q.shape[0] >= MIN_QUERIES:
             attn = self.paged(q, positions, k, v)
+        elif end == q.shape[0]:
+            attn = causal_attention(q, k, v)
         else:
             attn = positional_attention(q, positions, k, v)
         out, _ = module.self_attn.o_proj(attn.contiguous())
         h = h + out
-        x = rms_norm(h, w.post_norm, cfg.rms_norm_eps)
-        gate_up, _ = module.mlp.gate_up_proj(x)
-        gate, up = gate_up.chunk(2, dim=-1)
-        down, _ = module.mlp.down_proj((F.silu(gate) * up).contiguous())
-        return h + down
+        return h + module.mlp(rms_norm(h, w.post_norm, cfg.rms_norm_eps))  # vLLM's MLP, its fused SiLU-and-mul

@@ -3,16 +3,24 @@ import pytest
 import torch
 
 from workers.vllm import handoff
-from workers.vllm.blocks import slot_mapping, whole_block_tokens
+from workers.vllm.blocks import injectable_tokens, slot_mapping
+from workers.vllm.paged_attention import query_runs
 from workers.vllm.params import PARAMS_KEY, ContextKVParams
 
 
 @pytest.mark.parametrize(
     ("context", "prompt", "expected"),
-    [(0, 10, 0), (127, 200, 0), (128, 200, 128), (300, 400, 256), (256, 256, 128), (256, 257, 256), (1000, 3, 0)],
+    [(0, 10, 0), (127, 200, 127), (300, 400, 300), (256, 256, 255), (256, 257, 256), (1000, 3, 2), (5, 0, 0)],
 )
-def test_only_whole_blocks_before_the_last_prompt_token_count(context: int, prompt: int, expected: int) -> None:
-    assert whole_block_tokens(context, prompt, 128) == expected
+def test_the_context_is_injected_but_never_the_last_prompt_token(context: int, prompt: int, expected: int) -> None:
+    assert injectable_tokens(context, prompt) == expected
+
+
+def test_query_runs_are_the_consecutive_positions() -> None:
+    starts, seq_lens = query_runs(torch.tensor([0, 1, 2, 5, 7, 8, 10]))
+    assert starts.tolist() == [0, 3, 4, 6, 7]  # offsets of each run into the queries, then the total
+    assert seq_lens.tolist() == [3, 6, 9, 11]  # each run is a sequence ending at its last position
+    assert [t.tolist() for t in query_runs(torch.tensor([4]))] == [[0, 1], [5]]
 
 
 def test_slot_mapping_follows_the_block_table() -> None:

@@ -35,9 +35,9 @@ def test_injected_full_prefill_kv_reproduces_plain_vllm(llm, bf16_runner: ModelR
     for token_ids, context in rag_prompts:
         plain = _run(llm, token_ids)
         injected = _run(llm, token_ids, with_context_kv(GREEDY, full_prefill_kv(bf16_runner, token_ids[:context])))
-        expected = context // BLOCK * BLOCK
-        assert expected >= 2 * BLOCK
-        assert _injected(injected) == expected  # the connector granted exactly the whole context blocks
+        expected = context
+        assert expected % BLOCK != 0  # the context ends inside a block
+        assert _injected(injected) == expected  # the connector granted exactly the context
         assert injected.num_cached_tokens == expected  # and vLLM counted them as computed, not prefilled
         assert injected.outputs[0].token_ids == plain.outputs[0].token_ids
         a, b = _first_logprobs(plain), _first_logprobs(injected)
@@ -55,7 +55,7 @@ def test_wrong_kv_changes_the_answer(llm, bf16_runner: ModelRunner, rag_prompts)
     wrong_kv = full_prefill_kv(bf16_runner, other_ids[:n])
     wrong = _run(llm, token_ids[:n] + token_ids[context:], with_context_kv(GREEDY, wrong_kv))
     right_short = _run(llm, token_ids[:n] + token_ids[context:])
-    assert _injected(wrong) == n // BLOCK * BLOCK > 0
+    assert _injected(wrong) == n > 0
     a, b = _first_logprobs(right_short), _first_logprobs(wrong)
     shared = set(a) & set(b)
     drift = max((abs(a[t] - b[t]) for t in shared), default=float("inf"))
@@ -73,22 +73,29 @@ def test_zeroed_kv_is_what_vllm_attends_to(llm, bf16_runner: ModelRunner, rag_pr
     assert abs(plain[top] - zeroed.get(top, -100.0)) > 0.1
 
 
-def test_partial_block_is_left_to_vllm_and_short_contexts_inject_nothing(
-    llm, bf16_runner: ModelRunner, rag_prompts
-) -> None:
+def test_a_context_shorter_than_a_block_is_injected_too(llm, bf16_runner: ModelRunner, rag_prompts) -> None:
     token_ids, context = rag_prompts[0]
-    assert context % BLOCK != 0
     short = token_ids[: BLOCK - 10] + token_ids[context:]
     out = _run(llm, short, with_context_kv(GREEDY, full_prefill_kv(bf16_runner, token_ids[: BLOCK - 10])))
-    assert _injected(out) == 0 and out.num_cached_tokens == 0
+    assert _injected(out) == BLOCK - 10 and out.num_cached_tokens == BLOCK - 10
     assert out.outputs[0].token_ids == _run(llm, short).outputs[0].token_ids
+
+
+def test_the_last_prompt_token_is_never_injected(llm, bf16_runner: ModelRunner, rag_prompts) -> None:
+    token_ids, _ = rag_prompts[0]
+    ids = token_ids[:300]
+    out = _run(llm, ids, with_context_kv(GREEDY, full_prefill_kv(bf16_runner, ids)))
+    assert _injected(out) == len(ids) - 1  # vLLM computes the last token itself, for its logits
+    a, b = _first_logprobs(_run(llm, ids)), _first_logprobs(out)
+    top = max(a, key=a.get)
+    assert top == max(b, key=b.get) and abs(a[top] - b[top]) < 0.15  # bf16 kernels differ; later tokens may tie
 
 
 def test_file_handoff(llm, bf16_runner: ModelRunner, rag_prompts, tmp_path) -> None:
     token_ids, context = rag_prompts[1]
     kv = full_prefill_kv(bf16_runner, token_ids[:context])
     out = _run(llm, token_ids, with_context_kv(GREEDY, kv, file=tmp_path / "ctx.safetensors"))
-    assert _injected(out) == context // BLOCK * BLOCK
+    assert _injected(out) == context
     assert out.outputs[0].token_ids == _run(llm, token_ids).outputs[0].token_ids
 
 
