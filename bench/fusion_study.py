@@ -31,7 +31,9 @@ def main() -> None:
     checkpoint = load_checkpoint(prepare_default_model(), torch.bfloat16)
     stores = {context: LocalChunkStore() for context in ("alone", "prefix")}  # chunk KV does not depend on the metric
     engines = {
-        (context, metric): BlendEngine(checkpoint, FusionOptions(deviation_metric=metric), store, chunk_context=context)
+        (context, metric): BlendEngine(
+            checkpoint, FusionOptions(deviation_metric=metric, selection_span_tokens=1), store, chunk_context=context
+        )
         for context, store in stores.items()
         for metric in DEVIATION_METRICS
     }

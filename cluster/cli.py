@@ -48,16 +48,19 @@ def eval_command(
     model: Path = typer.Option(None, help="A local Hugging Face checkpoint directory (default: SmolLM2-135M)."),
     max_new_tokens: int = typer.Option(32, min=1, help="Greedy tokens generated per answer."),
     chunk_context: str = typer.Option("prefix", help="Compute chunk KV 'alone' or after the prompt 'prefix'."),
+    selection_span_tokens: int = typer.Option(16, min=1, help="cacheblend's span of recomputed tokens (1: single)."),
 ) -> None:
     """Compare fusion modes on quality (F1, agreement with full prefill, first-token KL) and TTFT."""
     from workers.evaluation.dataset import load_records
     from workers.evaluation.evaluate import EvalRun, evaluate
     from workers.evaluation.report import eval_document, format_table
+    from workers.fusion.base import FusionOptions
     from workers.loading import load_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     mode_names = [m.strip() for m in modes.split(",") if m.strip()]
-    engine = load_engine(model, chunk_context=chunk_context)
+    options = FusionOptions(recompute_ratio=ratio, selection_span_tokens=selection_span_tokens)
+    engine = load_engine(model, options=options, chunk_context=chunk_context)
     unknown = [m for m in mode_names if m not in engine.modes]
     if unknown:
         raise typer.BadParameter(f"unknown mode(s) {unknown}; choose from {sorted(engine.modes)}", param_hint="--modes")

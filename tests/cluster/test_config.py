@@ -59,6 +59,7 @@ def test_no_file_gives_the_embedded_defaults(tmp_path: Path, monkeypatch: pytest
     assert config == ServeConfig() == config_from_dict({}) == config_from_dict(None)
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
     assert (config.fusion.mode, config.fusion.recompute_ratio) == ("cacheblend", 0.15)
+    assert config.fusion.selection_span_tokens == 16
     assert config.engine.kind == "vllm" and config.model.path is None
     assert config.model.served_name == "SmolLM2-135M-Instruct"
     assert [(t.name, t.url) for t in config.tiers or ()] == [
@@ -115,6 +116,7 @@ def test_relative_data_dir_places_the_default_ssd_tier_under_the_working_directo
     ("data", "expected"),
     [
         ({"fusion": {"recompute_ratio": 1.5}}, "fusion.recompute_ratio: must be in [0, 1], got 1.5"),
+        ({"fusion": {"selection_span_tokens": 0}}, "fusion.selection_span_tokens: must be an integer >= 1, got 0"),
         ({"fusion": {"mode": "turbo"}}, "fusion.mode: must be one of"),
         ({"fusion": {"ratio": 0.2}}, "fusion.ratio: is not a known field"),
         ({"fusoin": {}}, "fusoin: is not a known field"),

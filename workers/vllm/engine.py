@@ -126,7 +126,7 @@ class VLLMEngine(Engine):
     ) -> TokenStream:
         params = self._vllm_params(sampling)
         key = None
-        if request.mode != PLAIN_MODE:
+        if request.mode != PLAIN_MODE and len(prompt.token_ids) > len(prompt.suffix_ids):  # some context to fuse
             context = replace(prompt, suffix_ids=[])  # vLLM prefills the question itself, over the fused KV
             cache, prefill, layout = self.blend.fuse(context, request.mode, ratio, 0, request.namespace)
             num_context = layout.num_context_tokens
