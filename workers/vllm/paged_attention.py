@@ -1,4 +1,6 @@
 """Attention of queries at any ascending positions through vLLM's CPU attention kernel, one sequence per run."""
+import threading
+
 import torch
 
 MIN_QUERIES = 65  # fewer queries (decode-like): blendserve's batched-matmul path is already fast
@@ -20,7 +22,8 @@ class PagedAttention:
     The layer's K/V go into a scratch paged cache with vLLM's own writer. Each run of consecutive query
     positions becomes one sequence ending at the run's last position (causal within it) whose block table
     lists the same blocks, so no mask is ever built and a long run is a prefill to the kernel. ~2.3x faster
-    than masked torch SDPA for ~950 scattered queries over 6.3k keys (head_dim 64, bf16).
+    than masked torch SDPA for ~950 scattered queries over 6.3k keys (head_dim 64, bf16), ~1.5x faster again
+    when the same number of queries comes in 16-token runs.
     """
 
     def __init__(self, isa: str, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
@@ -29,7 +32,7 @@ class PagedAttention:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.block_size = block_size
-        self._scratch = torch.zeros(0)  # [blocks, H_kv, 2 * block, D], reused by every call of the engine thread
+        self._local = threading.local()  # one reused scratch cache per calling thread
 
     @classmethod
     def from_vllm_model(cls, model: torch.nn.Module, block_size: int) -> "PagedAttention | None":
@@ -71,7 +74,8 @@ class PagedAttention:
         The kernel reads whole blocks and masks what lies past each sequence's length; those slots hold zeros
         or K/V of an earlier call (finite either way: garbage could be NaN, which survives a zero weight).
         """
-        if self._scratch.shape[0] < num_blocks or self._scratch.dtype != dtype:
-            shape = (num_blocks, self.num_kv_heads, 2 * self.block_size, self.head_dim)
-            self._scratch = torch.zeros(shape, dtype=dtype)
-        return self._scratch[:num_blocks]
+        scratch = getattr(self._local, "scratch", None)  # [blocks, H_kv, 2 * block, D]
+        if scratch is None or scratch.shape[0] < num_blocks or scratch.dtype != dtype:
+            scratch = torch.zeros(num_blocks, self.num_kv_heads, 2 * self.block_size, self.head_dim, dtype=dtype)
+            self._local.scratch = scratch
+        return scratch[:num_blocks]
