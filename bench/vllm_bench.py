@@ -97,6 +97,10 @@ def _blended(
             "recomputed_tokens": stats.recomputed_tokens, "num_prompt_tokens": stats.num_prompt_tokens}
 
 
+def _text(engine: Any, token_ids: list[int]) -> str:
+    return engine.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
+
+
 def _median(values: list[float | None]) -> float | None:
     kept = [v for v in values if v is not None]
     return statistics.median(kept) if kept else None
@@ -140,8 +144,12 @@ def main() -> None:
     engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES))
     rss_engine = _rss_gib()
     stop = list(engine.stop_token_ids)
+    extra_modes: dict[str, str] = {}  # system name -> the engine mode it runs, after the default blended one
     if args.token_selection:  # a second cacheblend strategy on the same engine, chosen per request by name
         engine.blend.modes[TOKEN_MODE] = CacheBlend(replace(engine.blend.options, selection_span_tokens=1))
+        extra_modes["blended_tokens"] = TOKEN_MODE
+    if args.engine_full_prefill:
+        extra_modes["engine_full_prefill"] = "full_prefill"
     rows = []
     for record in load_records(args.data, args.limit, args.offset):
         docs = list(record.documents)
@@ -152,27 +160,18 @@ def main() -> None:
         reorder = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)
         repeat = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)
         blended = _blended(engine, reordered, record.question, args.ratio, args.max_tokens)
-        if args.token_selection:
-            tokens = _blended(engine, reordered, record.question, args.ratio, args.max_tokens, TOKEN_MODE)
-        if args.engine_full_prefill:
-            own = _blended(engine, reordered, record.question, args.ratio, args.max_tokens, "full_prefill")
-        decode = engine.tokenizer.decode
-        reference = decode(reorder["tokens"], skip_special_tokens=True).strip()
-        answer = decode(blended["tokens"], skip_special_tokens=True).strip()
+        extra = {name: _blended(engine, reordered, record.question, args.ratio, args.max_tokens, mode)
+                 for name, mode in extra_modes.items()}
+        reference, answer = _text(engine, reorder["tokens"]), _text(engine, blended["tokens"])
         row = {"id": record.id, "plain_first_seen": first, "plain_reordered": reorder, "plain_repeat": repeat,
                "blended": blended, "agreement_f1": token_f1(answer, reference),
-               "f1_blended": best_f1(answer, record.answers), "f1_plain": best_f1(reference, record.answers)}
-        if args.token_selection:
-            row["blended_tokens"] = tokens
-            row["agreement_f1_tokens"] = token_f1(decode(tokens["tokens"], skip_special_tokens=True).strip(), reference)
-        if args.engine_full_prefill:
-            row["engine_full_prefill"] = own
+               "f1_blended": best_f1(answer, record.answers), "f1_plain": best_f1(reference, record.answers), **extra}
+        if "blended_tokens" in extra:
+            row["agreement_f1_tokens"] = token_f1(_text(engine, extra["blended_tokens"]["tokens"]), reference)
         rows.append(row)
         print(f"{record.id}: plain {reorder['ttft_s']:.2f}s repeat {repeat['ttft_s']:.2f}s "
               f"blended {blended['ttft_s']:.2f}s agreement {row['agreement_f1']:.2f}", flush=True)
-    names = ("plain_first_seen", "plain_reordered", "plain_repeat", "blended")
-    names += ("blended_tokens",) if args.token_selection else ()
-    names += ("engine_full_prefill",) if args.engine_full_prefill else ()
+    names = ("plain_first_seen", "plain_reordered", "plain_repeat", "blended", *extra_modes)
     systems = {name: _summary(rows, name) for name in names}
     plain_ttft = systems["plain_reordered"]["ttft_s_median"]
     result = {

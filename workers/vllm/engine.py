@@ -130,8 +130,9 @@ class VLLMEngine(Engine):
             context = replace(prompt, suffix_ids=[])  # vLLM prefills the question itself, over the fused KV
             cache, prefill, layout = self.blend.fuse(context, request.mode, ratio, 0, request.namespace)
             num_context = layout.num_context_tokens
-            fused.update(layout=layout, fraction=prefill.recomputed_fraction)
-            if injectable_tokens(num_context, len(prompt.token_ids)) > 0:
+            injected = injectable_tokens(num_context, len(prompt.token_ids))
+            fused.update(layout=layout, fraction=prefill.recomputed_fraction, injected=injected)
+            if injected > 0:
                 key = put_kv(cache.data[:, :, :num_context])
                 extra = ContextKVParams(num_context, key=key).as_extra_args()
                 params.extra_args = {**(params.extra_args or {}), **extra}
@@ -184,7 +185,7 @@ class VLLMEngine(Engine):
         num_tokens = len(prompt.token_ids)
         context = num_tokens - len(prompt.suffix_ids)
         layout: BlendLayout | None = fused.get("layout")
-        injected = injectable_tokens(context, num_tokens) if layout is not None else 0
+        injected = fused.get("injected", 0)  # context tokens the connector writes, decided when fusing
         fraction = fused.get("fraction", 1.0) if injected else 1.0
         logprobs = torch.full((self._vocab_size,), float("-inf"))
         for token, value in stream.first_logprobs.items():
