@@ -49,17 +49,23 @@ def eval_command(
     max_new_tokens: int = typer.Option(32, min=1, help="Greedy tokens generated per answer."),
     chunk_context: str = typer.Option("prefix", help="Compute chunk KV 'alone' or after the prompt 'prefix'."),
     selection_span_tokens: int = typer.Option(16, min=1, help="cacheblend's span of recomputed tokens (1: single)."),
+    gradual_filtering: bool = typer.Option(
+        False, help="cacheblend narrows at layers 1 and 2 (2r, then r), as in the paper, instead of once at layer 1."
+    ),
 ) -> None:
     """Compare fusion modes on quality (F1, agreement with full prefill, first-token KL) and TTFT."""
     from workers.evaluation.dataset import load_records
     from workers.evaluation.evaluate import EvalRun, evaluate
     from workers.evaluation.report import eval_document, format_table
-    from workers.fusion.base import FusionOptions
+    from workers.fusion.base import GRADUAL_FILTER_LAYERS, GRADUAL_FILTER_MULTIPLIERS, FusionOptions
     from workers.loading import load_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     mode_names = [m.strip() for m in modes.split(",") if m.strip()]
-    options = FusionOptions(recompute_ratio=ratio, selection_span_tokens=selection_span_tokens)
+    schedule = {"filter_layers": GRADUAL_FILTER_LAYERS, "filter_multipliers": GRADUAL_FILTER_MULTIPLIERS}
+    options = FusionOptions(
+        recompute_ratio=ratio, selection_span_tokens=selection_span_tokens, **(schedule if gradual_filtering else {})
+    )
     engine = load_engine(model, options=options, chunk_context=chunk_context)
     unknown = [m for m in mode_names if m not in engine.modes]
     if unknown:

@@ -49,8 +49,8 @@ class ControllerOptions:
     ratio_step: float = 0.05
     objective: str = "p95"  # the TTFT quantile minimised: "p50", "p95" or "p99"
     free_slack: float = 0.0  # relative increase of the overlapped time accepted to recompute more (0: only hidden)
-    filter_layers: tuple[int, ...] = (1, 2)
-    filter_multipliers: tuple[float, ...] = (2.0, 1.0)
+    filter_layers: tuple[int, ...] = (1,)
+    filter_multipliers: tuple[float, ...] = (1.0,)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ratio_floor <= self.ratio_ceiling <= 1.0:

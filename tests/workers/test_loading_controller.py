@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from kvplane.latency import LoadQuantiles
 from workers.delay_model import RecomputeDelayModel
-from workers.fusion.base import FusionOptions
+from workers.fusion.base import GRADUAL_FILTER_LAYERS, GRADUAL_FILTER_MULTIPLIERS, FusionOptions
 from workers.loading_controller import (
     ChunkAction,
     ChunkPlacement,
@@ -19,6 +19,7 @@ from workers.loading_controller import (
 # 10 us per recomputed token per layer: 1000 tokens in full take 10 ms a layer, the 15% floor 1.5 ms.
 DELAYS = RecomputeDelayModel(num_layers=10, per_token_s=1e-5)
 MS = 1e-3
+GRADUAL = ControllerOptions(filter_layers=GRADUAL_FILTER_LAYERS, filter_multipliers=GRADUAL_FILTER_MULTIPLIERS)
 
 
 def _flat(seconds: float) -> LoadQuantiles:
@@ -35,18 +36,19 @@ def test_all_fast_tiers_give_the_floor_ratio() -> None:
 
 def test_slow_tier_raises_the_ratio_to_what_loading_hides() -> None:
     # Two 500-token chunks at 2.5 ms a layer each: loading takes 5 ms a layer, which hides up to 500
-    # recomputed tokens. Layer 2 recomputes 2r (the first filter keeps twice the ratio), so r = 0.25
-    # is the most it hides. Recomputing a whole chunk instead would add 5 ms of compute for 2.5 ms of load.
+    # recomputed tokens. With gradual filtering layer 2 recomputes 2r (the first filter keeps twice the ratio),
+    # so r = 0.25 is the most it hides. Recomputing a whole chunk instead would add 5 ms of compute for 2.5 ms
+    # of load.
     chunks = [ChunkPlacement(f"c{i}", 500, 4096, ("ssd",)) for i in range(2)]
     quantiles = {"ssd": _flat(2.5 * MS)}
-    plan = plan_loading(chunks, DELAYS, quantiles)
+    plan = plan_loading(chunks, DELAYS, quantiles, GRADUAL)
     assert plan.recomputed == ()
     assert plan.ratio == pytest.approx(0.25)
-    floor = predict_ttft_s(chunks, plan.actions, 0.15, DELAYS, quantiles, "p95", ControllerOptions())
+    floor = predict_ttft_s(chunks, plan.actions, 0.15, DELAYS, quantiles, "p95", GRADUAL)
     # Only the last layer, which no load overlaps, pays for the extra recompute.
     assert plan.ttft_p95_s == pytest.approx(floor + (250 - 150) * 1e-5)
-    no_filter_bulge = ControllerOptions(filter_layers=(1,), filter_multipliers=(1.0,))
-    assert plan_loading(chunks, DELAYS, quantiles, no_filter_bulge).ratio == pytest.approx(0.5)
+    # One check layer (the default): no 2r bulge, so loading hides r = 0.5.
+    assert plan_loading(chunks, DELAYS, quantiles).ratio == pytest.approx(0.5)
     # The floor holds however fast loading is, and a higher floor is honoured too.
     assert plan_loading(chunks, DELAYS, {"ssd": _flat(0.0)}, ControllerOptions(ratio_floor=0.3)).ratio == 0.3
 
@@ -95,10 +97,10 @@ def test_pipeline_overlaps_loading_the_next_layer_with_computing_this_one() -> N
         pipeline_ttft_s([1.0], [])
 
 
-def test_selected_tokens_follow_gradual_filtering() -> None:
-    options = ControllerOptions()  # filter at layers 1 (2r) and 2 (r)
-    assert selected_per_layer(5, 0.15, 1000, 20, options) == [1020, 1020, 320, 170, 170]
-    assert selected_per_layer(3, 0.6, 100, 0, options) == [100, 100, 100]
+def test_selected_tokens_follow_the_filter_schedule() -> None:
+    assert selected_per_layer(5, 0.15, 1000, 20, GRADUAL) == [1020, 1020, 320, 170, 170]  # 2r at layer 1, r at 2
+    assert selected_per_layer(3, 0.6, 100, 0, GRADUAL) == [100, 100, 100]
+    assert selected_per_layer(5, 0.15, 1000, 20, ControllerOptions()) == [1020, 1020, 170, 170, 170]  # r from 1 on
 
 
 def test_options_follow_the_fusion_mode_and_are_validated() -> None:
@@ -113,7 +115,7 @@ def test_options_follow_the_fusion_mode_and_are_validated() -> None:
         ({"objective": "mean"}, "objective"),
         ({"free_slack": -0.1}, "free_slack"),
         ({"filter_layers": (2, 1), "filter_multipliers": (2.0, 1.0)}, "ascending"),
-        ({"filter_multipliers": (2.0,)}, "equal length"),
+        ({"filter_multipliers": (2.0, 1.0)}, "equal length"),
     ]:
         with pytest.raises(ValueError, match=message):
             ControllerOptions(**kwargs)

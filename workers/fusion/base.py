@@ -12,6 +12,10 @@ from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_pr
 from workers.kv_cache import KVCache
 from workers.runner import ModelRunner
 
+# CacheBlend's gradual filtering as in the paper: keep 2r at layer 1, narrow to r at layer 2
+GRADUAL_FILTER_LAYERS = (1, 2)
+GRADUAL_FILTER_MULTIPLIERS = (2.0, 1.0)
+
 
 @dataclass(frozen=True, slots=True)
 class FusionOptions:
@@ -19,8 +23,9 @@ class FusionOptions:
 
     recompute_ratio: float = 0.15
     deviation_metric: str = "kv"
-    filter_layers: tuple[int, ...] = (1, 2)
-    filter_multipliers: tuple[float, ...] = (2.0, 1.0)
+    # one check layer: agreement as with the paper's gradual filtering (GRADUAL_FILTER_*), ~5% lower TTFT (vllm.md)
+    filter_layers: tuple[int, ...] = (1,)
+    filter_multipliers: tuple[float, ...] = (1.0,)
     selection_span_tokens: int = 16  # cacheblend: recompute whole aligned spans of this many positions
     epic_tokens: int | None = None
     cci_reuse_below: float = 0.02

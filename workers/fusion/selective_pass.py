@@ -60,6 +60,7 @@ def selective_prefill(
     if int(layout.forced[positions].sum()) != int(layout.forced.sum()):
         raise ValueError("policy dropped tokens that must be recomputed (suffix or uncached)")
     num_context = layout.num_context_tokens
+    last_layer = runner.config.num_layers - 1
     h = runner.embed(layout.token_ids[positions])
     work = 0
     for layer in range(runner.config.num_layers):
@@ -69,6 +70,8 @@ def selective_prefill(
         work += int((positions < num_context).sum())
         keep = narrow(LayerStep(layer, positions, q, k, v, cache, layout)) if narrow else None
         cache.write(layer, positions, k, v)
+        if layer == last_layer:  # past the last layer's K/V only the last token's output is used
+            keep = torch.tensor([positions.shape[0] - 1]) if keep is None else keep[-1:]
         if keep is not None:
             positions, h, q = positions[keep], h[keep], q[keep]
         h = runner.attend_and_mlp(layer, h, q, positions, cache)
