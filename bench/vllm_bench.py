@@ -7,7 +7,8 @@ For each record (musique_cacheblend.dev by default), in this order, in one proce
 4. plain vLLM, that exact prompt again: prefix caching hits every whole block;
 5. the vLLM engine, cacheblend at --ratio, on the reordered prompt: fused KV injected, vLLM prefills the rest;
 6. with --token-selection, the same with cacheblend choosing single tokens (selection_span_tokens = 1).
-Agreement F1 compares 5's (and 6's) answer with 3's (greedy, --max-tokens). Writes JSON, prints a table.
+Agreement F1 compares 5's (and 6's) answer with 3's (greedy, --max-tokens); 4's answer against 3's is the
+noise floor (the same prompt, its KV from vLLM's prefix cache). Writes JSON, prints a table.
 """
 import argparse
 import json
@@ -165,6 +166,7 @@ def main() -> None:
         reference, answer = _text(engine, reorder["tokens"]), _text(engine, blended["tokens"])
         row = {"id": record.id, "plain_first_seen": first, "plain_reordered": reorder, "plain_repeat": repeat,
                "blended": blended, "agreement_f1": token_f1(answer, reference),
+               "agreement_f1_plain_repeat": token_f1(_text(engine, repeat["tokens"]), reference),
                "f1_blended": best_f1(answer, record.answers), "f1_plain": best_f1(reference, record.answers), **extra}
         if "blended_tokens" in extra:
             row["agreement_f1_tokens"] = token_f1(_text(engine, extra["blended_tokens"]["tokens"]), reference)
@@ -185,6 +187,7 @@ def main() -> None:
         "decode_ratio_blended_vs_plain": systems["blended"]["decode_tok_s_median"]
         / systems["plain_reordered"]["decode_tok_s_median"],
         "agreement_f1_mean": statistics.mean(r["agreement_f1"] for r in rows),
+        "agreement_f1_plain_repeat_mean": statistics.mean(r["agreement_f1_plain_repeat"] for r in rows),
         "agreement_f1_tokens_mean": statistics.mean(r["agreement_f1_tokens"] for r in rows)
         if args.token_selection else None,
         "f1_blended_mean": statistics.mean(r["f1_blended"] for r in rows),

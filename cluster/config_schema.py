@@ -102,7 +102,7 @@ class GuardrailsConfig:
 
     canary: bool = True  # fuse a canary prompt at start; refuse blending if it deviates from full prefill
     canary_max_deviation: float = 0.02  # relative KV deviation above which the canary fails
-    fallback_min_coverage: float = 0.6  # cacheblend: share of check-layer deviation the kept tokens must hold
+    fallback_min_coverage: float = 0.5  # cacheblend: share of check-layer deviation the kept tokens must hold
     shadow_fraction: float = 0.0  # blended requests also run in full prefill off the hot path, compared
     controller: bool = False  # calibrate the loading controller at start and let it pick ratio and tiers
 

@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from cluster.cli import app
@@ -38,3 +39,17 @@ def test_eval_refuses_an_unknown_mode(tmp_path: Path) -> None:
                                       "--out", str(tmp_path / "x.json")])
     assert result.exit_code != 0
     assert "nonsense" in result.output
+
+
+def test_eval_gradual_filtering_recomputes_twice_the_ratio_at_the_check_layer(tmp_path: Path) -> None:
+    data = DATA_DIR / "hotpotqa_hipporag.dev.jsonl"
+    fractions = {}
+    for flag in ("--no-gradual-filtering", "--gradual-filtering"):
+        out = tmp_path / f"{flag}.json"
+        result = CliRunner().invoke(app, ["eval", "--data", str(data), "--limit", "1", "--modes", "cacheblend",
+                                          "--selection-span-tokens", "1", flag, "--max-new-tokens", "1",
+                                          "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        fractions[flag] = json.loads(out.read_text())["modes"]["cacheblend"]["recomputed_fraction"]
+    # one extra layer (layer 2's K/V) at 2r instead of r: r / num_layers = 0.15 / 30 more of the context
+    assert fractions["--gradual-filtering"] - fractions["--no-gradual-filtering"] == pytest.approx(0.005, abs=5e-4)

@@ -135,8 +135,10 @@ def test_unknown_mode_and_too_long_prompts_are_refused(vllm_engine, records) -> 
 
 @pytest.mark.slow
 def test_cacheblend_agreement_on_musique(vllm_engine) -> None:
-    # Issue 5 asks for >= 0.85 here; measured 0.83 on these 8 records (16-token spans; 0.80 with single
-    # tokens before), so this guards the measured level against regressions and the target stays open.
+    # Issue 5 asks for >= 0.85 here; measured 0.79 on these 8 records (one check layer, 16-token spans; 0.83
+    # with gradual filtering, 0.80 with single tokens before), so this guards the measured level against
+    # regressions and the target stays open: on this model no choice of 15% of the tokens gets near it
+    # (docs/vllm.md, bench/vllm_agreement_study.py).
     scores = []
     for docs, question in _records(MUSIQUE_FILE, 8, 10):
         vllm_engine.store_documents(docs, "musique")
