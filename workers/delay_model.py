@@ -98,6 +98,7 @@ def layer_timer(runner: ModelRunner, max_context_tokens: int, layer: int | None 
     config = runner.config
     layer = config.num_layers // 2 if layer is None else layer
     cache = runner.new_cache(max_context_tokens)
+    cache.data.zero_()  # attention reads context never written here: finite values keep the timing honest
     cache.length = max_context_tokens
     device = runner.weights.embed.device
     generator = torch.Generator().manual_seed(0)

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from kvplane.latency import QUANTILES, LoadQuantiles
 from workers.delay_model import RecomputeDelayModel
-from workers.fusion.base import FusionOptions
+from workers.fusion.base import CHECK_LAYER_FILTER_LAYERS, CHECK_LAYER_FILTER_MULTIPLIERS, FusionOptions
 from workers.fusion.deviation import ratio_count
 
 # Below this relative difference two predicted TTFTs count as equal (float noise of the sums).
@@ -49,8 +49,8 @@ class ControllerOptions:
     ratio_step: float = 0.05
     objective: str = "p95"  # the TTFT quantile minimised: "p50", "p95" or "p99"
     free_slack: float = 0.0  # relative increase of the overlapped time accepted to recompute more (0: only hidden)
-    filter_layers: tuple[int, ...] = (1,)
-    filter_multipliers: tuple[float, ...] = (1.0,)
+    filter_layers: tuple[int, ...] = CHECK_LAYER_FILTER_LAYERS
+    filter_multipliers: tuple[float, ...] = CHECK_LAYER_FILTER_MULTIPLIERS
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ratio_floor <= self.ratio_ceiling <= 1.0:

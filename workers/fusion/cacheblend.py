@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.fusion.base import FusionMode, all_positions
+from workers.fusion.base import FusionMode
 from workers.fusion.deviation import keep_top_spans, kv_deviation, ratio_count
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
@@ -44,9 +44,6 @@ class CacheBlend(FusionMode):
         )
         result.recompute_ratio = state.value
         return result
-
-    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
-        return all_positions(layout)
 
     def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
         return self._narrow(step, _RequestRatio(ratio))

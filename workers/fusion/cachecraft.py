@@ -3,10 +3,10 @@ import math
 
 import torch
 
-from workers.fusion.base import FusionMode, all_positions
+from workers.fusion.base import FusionMode
 from workers.fusion.cacheblend import step_deviation
 from workers.fusion.deviation import ratio_count
-from workers.fusion.layout import BlendLayout, Segment
+from workers.fusion.layout import Segment
 from workers.fusion.selective_pass import LayerStep
 
 
@@ -14,9 +14,6 @@ class CacheCraft(FusionMode):
     """At the first filter layer, chunks the context barely reaches are reused, strongly reached ones recomputed."""
 
     name = "cachecraft"
-
-    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
-        return all_positions(layout)
 
     def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
         opts = self.options

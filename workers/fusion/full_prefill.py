@@ -1,8 +1,5 @@
 """Baseline: compute the whole prompt from scratch, ignoring every cache."""
-import torch
-
-from workers.fusion.base import FusionMode, all_positions
-from workers.fusion.layout import BlendLayout
+from workers.fusion.base import FusionMode
 
 
 class FullPrefill(FusionMode):
@@ -10,6 +7,3 @@ class FullPrefill(FusionMode):
 
     name = "full_prefill"
     reads_chunk_cache = False
-
-    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
-        return all_positions(layout)

@@ -46,6 +46,3 @@ class OracleSelection(FusionMode):
         error = kv_error(reference.data[:, :, :num_tokens], cache.data[:, :, :num_tokens])
         positions = oracle_positions(error, layout.forced, ratio, self.options.selection_span_tokens)
         return selective_prefill(runner, layout, cache, positions)
-
-    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
-        raise NotImplementedError("the oracle's positions need the reference KV: call prefill")

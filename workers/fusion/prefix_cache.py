@@ -1,7 +1,7 @@
 """Baseline: prefix caching, reusing only the longest previously seen prefix of the prompt."""
 import torch
 
-from workers.fusion.base import FusionMode, FusionOptions, all_positions
+from workers.fusion.base import FusionMode, FusionOptions
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.fusion.prefix_block_cache import PrefixBlockCache, block_hashes
@@ -34,7 +34,3 @@ class PrefixCache(FusionMode):
         result = selective_prefill(runner, layout, cache, self.initial(layout, ratio)[num_hit:])
         self.cache.insert(hashes, cache.data)
         return result
-
-    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
-        """Every position; prefill() drops the ones its prefix hit covers."""
-        return all_positions(layout)
