@@ -30,7 +30,7 @@ from workers.delay_model import RecomputeDelayModel, calibrate_runner  # noqa: E
 from workers.engine import BlendEngine, BlendRequest  # noqa: E402
 from workers.evaluation.dataset import QARecord, load_records  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
-from workers.fusion.base import GRADUAL_FILTER_LAYERS, GRADUAL_FILTER_MULTIPLIERS, FusionOptions  # noqa: E402
+from workers.fusion.base import FusionOptions  # noqa: E402
 from workers.fusion.layer_feed import EagerLoader, PipelinedLoader  # noqa: E402
 from workers.kvplane_store import KVPlaneChunkStore  # noqa: E402
 from workers.loading_controller import ControllerOptions  # noqa: E402
@@ -164,10 +164,8 @@ def _run_tier(
         keys.append([chunk_store.key(prefix_ids, [])] + [chunk.key for chunk in stored])
     store.flush()
     load_s = [_load_s(store, record_keys) for record_keys in keys]
-    options = FusionOptions(  # as docs/controller.md was measured: single tokens, gradual filtering
-        recompute_ratio=ratio, selection_span_tokens=1,
-        filter_layers=GRADUAL_FILTER_LAYERS, filter_multipliers=GRADUAL_FILTER_MULTIPLIERS,
-    )
+    # as docs/controller.md was measured: single tokens, gradual filtering
+    options = FusionOptions(recompute_ratio=ratio, selection_span_tokens=1).with_gradual_filtering()
     policies = {}
     for policy in POLICIES:
         controller = (LoadingController(delays, options=ControllerOptions.from_fusion(options))

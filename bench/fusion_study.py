@@ -13,19 +13,11 @@ from workers.default_model import prepare_default_model
 from workers.engine import BlendEngine
 from workers.evaluation.dataset import load_records
 from workers.evaluation.evaluate import first_token_kl
-from workers.fusion.base import GRADUAL_FILTER_LAYERS, GRADUAL_FILTER_MULTIPLIERS, FusionOptions
+from workers.fusion.base import FusionOptions
 from workers.fusion.deviation import DEVIATION_METRICS, kv_deviation
 from workers.kv_cache import KVCache
 
 CHECK_LAYER = 1
-
-
-def _options(metric: str) -> FusionOptions:
-    """Options as docs/quality.md was measured: single tokens, gradual filtering."""
-    return FusionOptions(
-        deviation_metric=metric, selection_span_tokens=1,
-        filter_layers=GRADUAL_FILTER_LAYERS, filter_multipliers=GRADUAL_FILTER_MULTIPLIERS,
-    )
 
 
 def main() -> None:
@@ -39,7 +31,10 @@ def main() -> None:
     checkpoint = load_checkpoint(prepare_default_model(), torch.bfloat16)
     stores = {context: LocalChunkStore() for context in ("alone", "prefix")}  # chunk KV does not depend on the metric
     engines = {
-        (context, metric): BlendEngine(checkpoint, _options(metric), store, chunk_context=context)
+        (context, metric): BlendEngine(  # options as docs/quality.md was measured: single tokens, gradual filtering
+            checkpoint, FusionOptions(deviation_metric=metric, selection_span_tokens=1).with_gradual_filtering(), store,
+            chunk_context=context,
+        )
         for context, store in stores.items()
         for metric in DEVIATION_METRICS
     }

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from workers.evaluation.dataset import load_records  # noqa: E402
 from workers.evaluation.evaluate import EvalRun, evaluate  # noqa: E402
-from workers.fusion.base import GRADUAL_FILTER_LAYERS, GRADUAL_FILTER_MULTIPLIERS, FusionOptions  # noqa: E402
+from workers.fusion.base import FusionOptions  # noqa: E402
 from workers.loading import load_engine  # noqa: E402
 
 DEFAULT_RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
@@ -29,10 +29,8 @@ def main() -> None:
     modes, ratios = args.modes.split(","), [float(r) for r in args.ratios.split(",")]
     runs = [EvalRun("full_prefill", "full_prefill", 1.0)]
     runs += [EvalRun(f"{m}@{r}", m, r) for m in modes for r in ratios]
-    options = FusionOptions(  # as docs/quality.md was measured: single tokens, gradual filtering
-        selection_span_tokens=1, filter_layers=GRADUAL_FILTER_LAYERS, filter_multipliers=GRADUAL_FILTER_MULTIPLIERS
-    )
-    engine = load_engine(options=options)
+    # as docs/quality.md was measured: single tokens, gradual filtering
+    engine = load_engine(options=FusionOptions(selection_span_tokens=1).with_gradual_filtering())
     records = load_records(args.data, args.limit)
     summaries, _ = evaluate(engine, records, runs)
     result = {"data": str(args.data), "records": len(records), "ratios": ratios, "runs": summaries}

@@ -57,15 +57,14 @@ def eval_command(
     from workers.evaluation.dataset import load_records
     from workers.evaluation.evaluate import EvalRun, evaluate
     from workers.evaluation.report import eval_document, format_table
-    from workers.fusion.base import GRADUAL_FILTER_LAYERS, GRADUAL_FILTER_MULTIPLIERS, FusionOptions
+    from workers.fusion.base import FusionOptions
     from workers.loading import load_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     mode_names = [m.strip() for m in modes.split(",") if m.strip()]
-    schedule = {"filter_layers": GRADUAL_FILTER_LAYERS, "filter_multipliers": GRADUAL_FILTER_MULTIPLIERS}
-    options = FusionOptions(
-        recompute_ratio=ratio, selection_span_tokens=selection_span_tokens, **(schedule if gradual_filtering else {})
-    )
+    options = FusionOptions(recompute_ratio=ratio, selection_span_tokens=selection_span_tokens)
+    if gradual_filtering:
+        options = options.with_gradual_filtering()
     engine = load_engine(model, options=options, chunk_context=chunk_context)
     unknown = [m for m in mode_names if m not in engine.modes]
     if unknown:

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from kvplane.latency import LoadQuantiles
 from workers.delay_model import RecomputeDelayModel
-from workers.fusion.base import GRADUAL_FILTER_LAYERS, GRADUAL_FILTER_MULTIPLIERS, FusionOptions
+from workers.fusion.base import FusionOptions
 from workers.loading_controller import (
     ChunkAction,
     ChunkPlacement,
@@ -19,7 +19,7 @@ from workers.loading_controller import (
 # 10 us per recomputed token per layer: 1000 tokens in full take 10 ms a layer, the 15% floor 1.5 ms.
 DELAYS = RecomputeDelayModel(num_layers=10, per_token_s=1e-5)
 MS = 1e-3
-GRADUAL = ControllerOptions(filter_layers=GRADUAL_FILTER_LAYERS, filter_multipliers=GRADUAL_FILTER_MULTIPLIERS)
+GRADUAL = ControllerOptions.from_fusion(FusionOptions().with_gradual_filtering())
 
 
 def _flat(seconds: float) -> LoadQuantiles:

@@ -3,7 +3,7 @@ import torch
 
 from workers.checkpoint import Checkpoint
 from workers.chunk_kv import compute_chunk_kv
-from workers.fusion.base import GRADUAL_FILTER_LAYERS, GRADUAL_FILTER_MULTIPLIERS, FusionOptions
+from workers.fusion.base import FusionOptions
 from workers.fusion.cacheblend import CacheBlend
 from workers.fusion.deviation import ratio_count
 from workers.fusion.layout import BlendLayout
@@ -60,9 +60,7 @@ def blended_work(checkpoint: Checkpoint, runner: ModelRunner, options: FusionOpt
 def test_one_check_layer_keeps_the_ratio_from_layer_one_on(checkpoint: Checkpoint, runner: ModelRunner) -> None:
     ratio, num_layers = 0.25, runner.config.num_layers
     single, num_chunk_tokens = blended_work(checkpoint, runner, FusionOptions(selection_span_tokens=1), ratio)
-    gradual_options = FusionOptions(
-        selection_span_tokens=1, filter_layers=GRADUAL_FILTER_LAYERS, filter_multipliers=GRADUAL_FILTER_MULTIPLIERS
-    )
+    gradual_options = FusionOptions(selection_span_tokens=1).with_gradual_filtering()
     gradual, _ = blended_work(checkpoint, runner, gradual_options, ratio)
     kept = ratio_count(ratio, num_chunk_tokens)
     # layer 0 in full, the check layer's K/V for every chunk token, then the kept tokens at every later layer

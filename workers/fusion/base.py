@@ -1,6 +1,6 @@
 """The fusion-mode interface and the options every mode reads."""
 from abc import ABC
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -61,6 +61,10 @@ class FusionOptions:
             raise ValueError(f"fallback_min_coverage must be in [0, 1], got {self.fallback_min_coverage}")
         if not 0.0 < self.fallback_full_above <= 1.0:
             raise ValueError(f"fallback_full_above must be in (0, 1], got {self.fallback_full_above}")
+
+    def with_gradual_filtering(self) -> "FusionOptions":
+        """These options with the paper's filter schedule: keep 2r at layer 1, narrow to r at layer 2."""
+        return replace(self, filter_layers=GRADUAL_FILTER_LAYERS, filter_multipliers=GRADUAL_FILTER_MULTIPLIERS)
 
 
 class FusionMode(ABC):

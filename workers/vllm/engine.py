@@ -49,9 +49,9 @@ class VLLMEngine(Engine):
         self._loop = EngineLoop(lambda: _build_llm_engine(Path(model_path), settings, dtype))
         model = self._loop.call(self._model)
         checkpoint = shared_checkpoint(Path(model_path), model, template.tokenizer if template else None)
-        self.block_size = self._loop.engine.vllm_config.cache_config.block_size
+        block_size = self._loop.engine.vllm_config.cache_config.block_size
         self.blend = BlendEngine(checkpoint, options, store, template, chunk_context)
-        paged = PagedAttention.from_vllm_model(model, self.block_size) if settings.paged_fusion_attention else None
+        paged = PagedAttention.from_vllm_model(model, block_size) if settings.paged_fusion_attention else None
         self.blend.runner = VLLMModuleRunner(checkpoint, model, paged)  # fusion computes with vLLM's weights
         self.stop_token_ids = self.blend.stop_token_ids
         self._vocab_size = checkpoint.config.vocab_size
