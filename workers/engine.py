@@ -247,7 +247,7 @@ class BlendEngine(Engine):
         lookup = self._lookup_layout(prompt, mode.reads_chunk_cache, namespace, ratio)
         cache = self.runner.new_cache(lookup.layout.num_tokens + extra_capacity)
         observe = self.controller.observe if self.controller is not None else ignore_fetch
-        with self.loader.start(lookup.layout, cache, self.runner.inv_freq, observe) as feed:
+        with self.loader.start(lookup.layout, cache, self.runner.rerotate_keys, observe) as feed:
             prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.ratio, feed)
         return cache, prefill, lookup
 

@@ -1,9 +1,14 @@
 """Rotary position embeddings, and exact re-rotation of cached keys to a new offset."""
 import math
+from collections.abc import Callable
 
 import torch
 
 from workers.model_config import RopeConfig
+
+
+KeyRotation = Callable[[torch.Tensor, int], torch.Tensor]
+"""Cached keys [T, H_kv, D] rotated for positions p, returned rotated for p + delta (a runner's rerotate_keys)."""
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:

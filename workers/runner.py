@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from workers.checkpoint import Checkpoint
 from workers.kv_cache import KVCache
 from workers.layers import causal_attention, gated_mlp, positional_attention, rms_norm
-from workers.rope import apply_rope, cos_sin, inverse_frequencies
+from workers.rope import apply_rope, cos_sin, inverse_frequencies, rerotate
 
 
 class ModelRunner:
@@ -42,6 +42,10 @@ class ModelRunner:
         q = apply_rope(q.reshape(-1, cfg.num_heads, cfg.head_dim), cos, sin)
         k = apply_rope(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
         return q, k, v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+
+    def rerotate_keys(self, k: torch.Tensor, delta_positions: int) -> torch.Tensor:
+        """Cached keys moved from positions p to p + delta (a KeyRotation). k: [T, H_kv, D]"""
+        return rerotate(k, self.inv_freq, delta_positions)
 
     def attend_and_mlp(
         self, layer: int, h: torch.Tensor, q: torch.Tensor, positions: torch.Tensor, cache: KVCache

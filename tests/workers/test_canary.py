@@ -4,7 +4,6 @@ import logging
 import pytest
 import torch
 
-import workers.fusion.layout
 from workers.canary import canary_gate, measure_canary
 from workers.checkpoint import Checkpoint
 from workers.engine import BlendEngine, BlendRequest
@@ -21,8 +20,8 @@ def test_canary_passes_with_correct_rerotation(engine: BlendEngine) -> None:
 def test_canary_refuses_unrotated_keys_and_the_engine_serves_full_prefill(
     checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, qa_records: list[dict]
 ) -> None:
-    monkeypatch.setattr(workers.fusion.layout, "rerotate", lambda k, inv_freq, delta: k)  # positions never recovered
     engine = BlendEngine(checkpoint)
+    monkeypatch.setattr(engine.runner, "rerotate_keys", lambda k, delta: k)  # positions never recovered
     with caplog.at_level(logging.ERROR, logger="workers.canary"):
         report = canary_gate(engine)
     assert not report.passed and report.kv_deviation > 2 * report.max_deviation
@@ -38,10 +37,11 @@ def test_canary_refuses_unrotated_keys_and_the_engine_serves_full_prefill(
 
 
 def test_a_wrong_rotation_direction_is_also_caught(checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    rerotate = workers.fusion.layout.rerotate
+    engine = BlendEngine(checkpoint)
+    rerotate = engine.runner.rerotate_keys
 
-    def backwards(k: torch.Tensor, inv_freq: torch.Tensor, delta: int) -> torch.Tensor:
-        return rerotate(k, inv_freq, -delta)
+    def backwards(k: torch.Tensor, delta: int) -> torch.Tensor:
+        return rerotate(k, -delta)
 
-    monkeypatch.setattr(workers.fusion.layout, "rerotate", backwards)
-    assert not measure_canary(BlendEngine(checkpoint)).passed
+    monkeypatch.setattr(engine.runner, "rerotate_keys", backwards)
+    assert not measure_canary(engine).passed

@@ -81,7 +81,7 @@ class FusionMode(ABC):
     ) -> PrefillResult:
         """Recompute the tokens this mode chooses over the cached KV (placed first, or arriving through `feed`)."""
         if self.reads_chunk_cache and feed is None:
-            layout.load_cached(cache, runner.inv_freq)
+            layout.load_cached(cache, runner.rerotate_keys)
         narrow = (lambda step: self.narrow(step, ratio)) if self.narrows else None
         return selective_prefill(runner, layout, cache, self.initial(layout, ratio), narrow, feed)
 

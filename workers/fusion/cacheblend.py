@@ -37,7 +37,7 @@ class CacheBlend(FusionMode):
     ) -> PrefillResult:
         """The selective pass with this request's ratio, reported in the result when the check layer raised it."""
         if feed is None:
-            layout.load_cached(cache, runner.inv_freq)
+            layout.load_cached(cache, runner.rerotate_keys)
         state = _RequestRatio(ratio)
         result = selective_prefill(
             runner, layout, cache, self.initial(layout, ratio), lambda step: self._narrow(step, state), feed

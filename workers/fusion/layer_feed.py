@@ -8,6 +8,7 @@ import torch
 
 from workers.fusion.layout import BlendLayout
 from workers.kv_cache import KVCache
+from workers.rope import KeyRotation
 
 FetchObserver = Callable[[str, float, int], None]
 """Told (tier, seconds, bytes) after each layer-chunk fetch."""
@@ -39,19 +40,19 @@ class LayerLoader(ABC):
 
     @abstractmethod
     def start(
-        self, layout: BlendLayout, cache: KVCache, inv_freq: torch.Tensor, observe: FetchObserver = ignore_fetch
+        self, layout: BlendLayout, cache: KVCache, rotate: KeyRotation, observe: FetchObserver = ignore_fetch
     ) -> LayerFeed:
         """Begin loading the layout's cached segments into `cache`."""
 
 
-def load_layer(layout: BlendLayout, cache: KVCache, layer: int, inv_freq: torch.Tensor, observe: FetchObserver) -> None:
+def load_layer(layout: BlendLayout, cache: KVCache, layer: int, rotate: KeyRotation, observe: FetchObserver) -> None:
     """Fetch layer `layer` of every cached segment (one after another), timing each fetch, and place it."""
     for seg in layout.cached_segments():
         assert seg.cached is not None
         began = time.perf_counter()
         kv = next(seg.cached.layers)
         observe(seg.cached.source_tier, time.perf_counter() - began, kv.numel() * kv.element_size())
-        seg.place(cache, layer, kv, inv_freq)
+        seg.place(cache, layer, kv, rotate)
 
 
 class _ReadyFeed(LayerFeed):
@@ -65,10 +66,10 @@ class EagerLoader(LayerLoader):
     """No pipeline: every layer of every cached chunk is loaded before the pass starts (TTFT = load + compute)."""
 
     def start(
-        self, layout: BlendLayout, cache: KVCache, inv_freq: torch.Tensor, observe: FetchObserver = ignore_fetch
+        self, layout: BlendLayout, cache: KVCache, rotate: KeyRotation, observe: FetchObserver = ignore_fetch
     ) -> LayerFeed:
         for layer in range(cache.data.shape[0] if layout.cached_segments() else 0):
-            load_layer(layout, cache, layer, inv_freq, observe)
+            load_layer(layout, cache, layer, rotate, observe)
         return _ReadyFeed()
 
 
@@ -81,18 +82,18 @@ class PipelinedLoader(LayerLoader):
         self.depth = depth
 
     def start(
-        self, layout: BlendLayout, cache: KVCache, inv_freq: torch.Tensor, observe: FetchObserver = ignore_fetch
+        self, layout: BlendLayout, cache: KVCache, rotate: KeyRotation, observe: FetchObserver = ignore_fetch
     ) -> LayerFeed:
         if not layout.cached_segments():
             return _ReadyFeed()
-        return _ThreadFeed(layout, cache, inv_freq, observe, self.depth)
+        return _ThreadFeed(layout, cache, rotate, observe, self.depth)
 
 
 class _ThreadFeed(LayerFeed):
     """The loader thread writes straight into the cache: layer i+1's slots are disjoint from layer i's."""
 
     def __init__(
-        self, layout: BlendLayout, cache: KVCache, inv_freq: torch.Tensor, observe: FetchObserver, depth: int
+        self, layout: BlendLayout, cache: KVCache, rotate: KeyRotation, observe: FetchObserver, depth: int
     ) -> None:
         self._num_layers = cache.data.shape[0]
         self._loaded = 0  # layers fully placed
@@ -103,23 +104,23 @@ class _ThreadFeed(LayerFeed):
         self._cuda = torch.cuda.Stream(cache.data.device) if cache.data.is_cuda else None
         self._events: list[torch.cuda.Event] = []
         self._thread = threading.Thread(
-            target=self._run, args=(layout, cache, inv_freq, observe), name="blendserve-layer-loader", daemon=True
+            target=self._run, args=(layout, cache, rotate, observe), name="blendserve-layer-loader", daemon=True
         )
         self._thread.start()
 
     @torch.inference_mode()  # per thread: the cache may be an inference tensor of the pass's thread
-    def _run(self, layout: BlendLayout, cache: KVCache, inv_freq: torch.Tensor, observe: FetchObserver) -> None:
+    def _run(self, layout: BlendLayout, cache: KVCache, rotate: KeyRotation, observe: FetchObserver) -> None:
         try:
             for layer in range(self._num_layers):
                 self._permits.acquire()
                 if self._stopped:
                     return
                 if self._cuda is None:
-                    load_layer(layout, cache, layer, inv_freq, observe)
+                    load_layer(layout, cache, layer, rotate, observe)
                 else:
                     # On a GPU the copies run on a side stream; the pass's stream waits on this layer's event.
                     with torch.cuda.stream(self._cuda):
-                        load_layer(layout, cache, layer, inv_freq, observe)
+                        load_layer(layout, cache, layer, rotate, observe)
                         event = torch.cuda.Event()
                         event.record(self._cuda)
                     self._events.append(event)

@@ -6,7 +6,7 @@ import torch
 from workers.chunk_kv import ChunkKV, ChunkLayers
 from workers.kv_cache import KVCache
 from workers.prompt import PromptLayout
-from workers.rope import rerotate
+from workers.rope import KeyRotation
 
 PREFIX, CHUNK, SUFFIX = "prefix", "chunk", "suffix"
 
@@ -26,10 +26,10 @@ class Segment:
         """Length of the segment."""
         return self.end - self.start
 
-    def place(self, cache: KVCache, layer: int, kv: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    def place(self, cache: KVCache, layer: int, kv: torch.Tensor, rotate: KeyRotation) -> None:
         """Write one cached layer `[2, T, H_kv, D]` at the segment's offset, keys re-rotated to it."""
         assert self.cached is not None
-        cache.data[layer, 0, self.start : self.end] = rerotate(kv[0], inv_freq, self.start - self.cached.base_position)
+        cache.data[layer, 0, self.start : self.end] = rotate(kv[0], self.start - self.cached.base_position)
         cache.data[layer, 1, self.start : self.end] = kv[1]
 
 
@@ -93,12 +93,12 @@ class BlendLayout:
         """Every segment with cached KV to place (prefix and chunks), in order."""
         return [s for s in self.segments if s.cached is not None]
 
-    def load_cached(self, cache: KVCache, inv_freq: torch.Tensor) -> int:
+    def load_cached(self, cache: KVCache, rotate: KeyRotation) -> int:
         """Place every layer of each cached segment's KV at its offset, keys re-rotated; returns tokens placed."""
         placed = 0
         for seg in self.cached_segments():
             assert seg.cached is not None
             for layer, kv in enumerate(seg.cached.layers):
-                seg.place(cache, layer, kv, inv_freq)
+                seg.place(cache, layer, kv, rotate)
             placed += seg.num_tokens
         return placed

@@ -36,7 +36,7 @@ class OracleSelection(FusionMode):
         self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
     ) -> PrefillResult:
         if feed is None:
-            layout.load_cached(cache, runner.inv_freq)
+            layout.load_cached(cache, runner.rerotate_keys)
         else:
             for layer in range(runner.config.num_layers):
                 feed.wait(layer)

@@ -8,7 +8,6 @@ from workers.checkpoint import Checkpoint, load_model_card
 from workers.fingerprint import model_fingerprint
 from workers.kv_cache import KVCache
 from workers.layers import causal_attention, positional_attention, rms_norm
-from workers.rope import apply_rope
 from workers.vllm.paged_attention import MIN_QUERIES, PagedAttention
 from workers.runner import ModelRunner
 from workers.weights import LayerWeights, ModelWeights
@@ -50,12 +49,14 @@ class VLLMModuleRunner(ModelRunner):
 
     Attention of more than a few queries (full layers and the selective recompute) runs in vLLM's CPU
     attention kernel when given `paged`; other attention is blendserve's (vLLM's Attention module needs a
-    forward context). RoPE is blendserve's, so fresh keys match the re-rotation of cached ones.
+    forward context). RoPE, of fresh Q/K and when moving cached keys, is vLLM's rotary module: the rotation
+    plain vLLM applies, in one fused kernel (~16x faster on CPU than blendserve's float32 ops).
     """
 
     def __init__(self, checkpoint: Checkpoint, model: torch.nn.Module, paged: PagedAttention | None = None) -> None:
         super().__init__(checkpoint)
         self._layers = list(model.model.layers)
+        self._rope = self._layers[0].self_attn.rotary_emb  # one module, shared by every layer
         self.paged = paged  # vLLM's CPU kernel for many scattered queries (None: blendserve's attention)
         if len(self._layers) != self.config.num_layers:
             raise ValueError(f"vLLM model has {len(self._layers)} layers, the config {self.config.num_layers}")
@@ -68,10 +69,21 @@ class VLLMModuleRunner(ModelRunner):
         qkv, _ = self._layers[layer].self_attn.qkv_proj(x)
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        cos, sin = self.cos[positions], self.sin[positions]
-        q = apply_rope(q.reshape(-1, cfg.num_heads, cfg.head_dim), cos, sin)
-        k = apply_rope(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-        return q, k, v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self._rope(positions.to(qkv.device), q, k)  # in place
+        heads = (cfg.num_heads, cfg.num_kv_heads, cfg.num_kv_heads)
+        return tuple(x.reshape(-1, n, cfg.head_dim) for x, n in zip((q, k, v), heads))
+
+    @torch.inference_mode()
+    def rerotate_keys(self, k: torch.Tensor, delta_positions: int) -> torch.Tensor:
+        """Cached keys moved by delta positions with vLLM's rotary kernel: R(p + d) = R(d) R(p). k: [T, H_kv, D]"""
+        if delta_positions == 0:
+            return k
+        if not 0 < delta_positions < self._rope.max_position_embeddings:  # outside vLLM's table
+            return super().rerotate_keys(k, delta_positions)
+        moved = k.reshape(k.shape[0], -1).clone()  # [T, H_kv * D], rotated in place
+        deltas = torch.full((k.shape[0],), delta_positions, dtype=torch.long, device=k.device)
+        self._rope(deltas, moved)
+        return moved.view(k.shape)
 
     @torch.inference_mode()
     def attend_and_mlp(
