@@ -95,9 +95,9 @@ def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine, llm) ->
         ranked = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0].logprobs[step]
         assert blended[step] in ranked, (step, ranked)
         assert ranked[plain[step]].logprob - ranked[blended[step]].logprob < 0.5, (step, ranked)
-    # measured: 5 of 8 identical for all 12 tokens (one flip is the 4th record's exact first-token tie: two
-    # tokens at -2.527 in plain vLLM); any other divergence is held to a near-tie above
-    assert same >= 4
+    # measured: 6 of 8 identical for all 12 tokens; the 4th record's first token is an exact tie in plain vLLM
+    # (two tokens at -2.527) that either side may break, and any divergence is held to a near-tie above
+    assert same >= 5
     assert handoff.num_held() == 0
 
 
@@ -155,8 +155,8 @@ def test_unknown_mode_and_too_long_prompts_are_refused(vllm_engine, records) -> 
 
 @pytest.mark.slow
 def test_cacheblend_agreement_on_musique(vllm_engine) -> None:
-    # Issue 5 asks for >= 0.85 here; measured 0.79 on these 8 records (one check layer, 16-token spans; 0.83
-    # with gradual filtering, 0.80 with single tokens before), so this guards the measured level against
+    # Issue 5 asks for >= 0.85 here; measured 0.83 on these 8 records (one check layer, 16-token spans, vLLM's
+    # rotary and RMSNorm kernels; 0.79 with blendserve's own), so this guards the measured level against
     # regressions and the target stays open: on this model no choice of 15% of the tokens gets near it
     # (docs/vllm.md, bench/vllm_agreement_study.py).
     scores = []
