@@ -219,13 +219,20 @@ class BlendEngine(Engine):
         ratio: float,
         extra_capacity: int = 0,
         namespace: str = DEFAULT_NAMESPACE,
+        cache: KVCache | None = None,
     ) -> tuple[KVCache, PrefillResult, BlendLayout]:
-        """Fill a KV cache for the whole prompt with one fusion mode (no decoding)."""
-        cache, prefill, lookup = self._fuse(prompt, mode_name, ratio, extra_capacity, namespace)
+        """Fill a KV cache for the whole prompt with one fusion mode (no decoding); `cache`: fill this one."""
+        cache, prefill, lookup = self._fuse(prompt, mode_name, ratio, extra_capacity, namespace, cache)
         return cache, prefill, lookup.layout
 
     def _fuse(
-        self, prompt: PromptLayout, mode_name: str, ratio: float, extra_capacity: int, namespace: str
+        self,
+        prompt: PromptLayout,
+        mode_name: str,
+        ratio: float,
+        extra_capacity: int,
+        namespace: str,
+        cache: KVCache | None = None,
     ) -> tuple[KVCache, PrefillResult, LookupResult]:
         """Look up, then run the mode's pass with the cached KV arriving through the loader."""
         limit = self.runner.config.max_position_embeddings
@@ -234,18 +241,26 @@ class BlendEngine(Engine):
                 f"prompt of {len(prompt.token_ids)} tokens plus max_tokens {extra_capacity} exceeds the "
                 f"model's context of {limit} tokens"
             )
+        if cache is not None and cache.capacity < len(prompt.token_ids) + extra_capacity:
+            raise ValueError(f"a cache of {cache.capacity} slots cannot hold {len(prompt.token_ids)} + {extra_capacity}")
         try:
-            return self._fuse_once(prompt, mode_name, ratio, extra_capacity, namespace)
+            return self._fuse_once(prompt, mode_name, ratio, extra_capacity, namespace, cache)
         except ChunkLost as err:  # a chunk vanished mid-stream from every tier: look everything up again
             _log.warning("blendserve: %s; retrying the request's lookups", err)
-            return self._fuse_once(prompt, mode_name, ratio, extra_capacity, namespace)
+            return self._fuse_once(prompt, mode_name, ratio, extra_capacity, namespace, cache)
 
     def _fuse_once(
-        self, prompt: PromptLayout, mode_name: str, ratio: float, extra_capacity: int, namespace: str
+        self,
+        prompt: PromptLayout,
+        mode_name: str,
+        ratio: float,
+        extra_capacity: int,
+        namespace: str,
+        cache: KVCache | None,
     ) -> tuple[KVCache, PrefillResult, LookupResult]:
         mode = self.modes[mode_name]
         lookup = self._lookup_layout(prompt, mode.reads_chunk_cache, namespace, ratio)
-        cache = self.runner.new_cache(lookup.layout.num_tokens + extra_capacity)
+        cache = cache if cache is not None else self.runner.new_cache(lookup.layout.num_tokens + extra_capacity)
         observe = self.controller.observe if self.controller is not None else ignore_fetch
         with self.loader.start(lookup.layout, cache, self.runner.rerotate_keys, observe) as feed:
             prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.ratio, feed)

@@ -20,6 +20,7 @@ from workers.vllm.blocks import injectable_tokens
 from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
 from workers.vllm.engine_loop import EngineLoop, TokenStream
 from workers.vllm.handoff import drop_kv, put_kv
+from workers.vllm.kv_buffer import ReusedKVBuffer
 from workers.vllm.module_runner import VLLMModuleRunner, shared_checkpoint
 from workers.vllm.paged_attention import PagedAttention
 from workers.vllm.params import ContextKVParams
@@ -53,6 +54,7 @@ class VLLMEngine(Engine):
         self.blend = BlendEngine(checkpoint, options, store, template, chunk_context)
         paged = PagedAttention.from_vllm_model(model, block_size) if settings.paged_fusion_attention else None
         self.blend.runner = VLLMModuleRunner(checkpoint, model, paged)  # fusion computes with vLLM's weights
+        self._buffer = ReusedKVBuffer(checkpoint.config, self.blend.runner.dtype)
         self.stop_token_ids = self.blend.stop_token_ids
         self._vocab_size = checkpoint.config.vocab_size
 
@@ -128,7 +130,12 @@ class VLLMEngine(Engine):
         key = None
         if request.mode != PLAIN_MODE and len(prompt.token_ids) > len(prompt.suffix_ids):  # some context to fuse
             context = replace(prompt, suffix_ids=[])  # vLLM prefills the question itself, over the fused KV
-            cache, prefill, layout = self.blend.fuse(context, request.mode, ratio, 0, request.namespace)
+            cache = self._buffer.take(len(context.token_ids))
+            try:
+                cache, prefill, layout = self.blend.fuse(context, request.mode, ratio, 0, request.namespace, cache)
+            except BaseException:
+                self._buffer.release(cache)
+                raise
             num_context = layout.num_context_tokens
             injected = injectable_tokens(num_context, len(prompt.token_ids))
             fused.update(layout=layout, fraction=prefill.recomputed_fraction, injected=injected)
@@ -136,6 +143,9 @@ class VLLMEngine(Engine):
                 key = put_kv(cache.data[:, :, :num_context])
                 extra = ContextKVParams(num_context, key=key).as_extra_args()
                 params.extra_args = {**(params.extra_args or {}), **extra}
+                self._buffer.lend(cache, key)  # reusable once the connector drops the KV (request finished)
+            else:
+                self._buffer.release(cache)
         try:
             return self._loop.add_request(uuid.uuid4().hex, {"prompt_token_ids": prompt.token_ids}, params)
         except BaseException:
