@@ -241,26 +241,21 @@ class BlendEngine(Engine):
                 f"prompt of {len(prompt.token_ids)} tokens plus max_tokens {extra_capacity} exceeds the "
                 f"model's context of {limit} tokens"
             )
-        if cache is not None and cache.capacity < len(prompt.token_ids) + extra_capacity:
-            raise ValueError(f"a cache of {cache.capacity} slots cannot hold {len(prompt.token_ids)} + {extra_capacity}")
+        needed = len(prompt.token_ids) + extra_capacity
+        if cache is not None and cache.capacity < needed:
+            raise ValueError(f"a cache of {cache.capacity} slots cannot hold the {needed} this request needs")
+        cache = cache if cache is not None else self.runner.new_cache(needed)
         try:
-            return self._fuse_once(prompt, mode_name, ratio, extra_capacity, namespace, cache)
+            return self._fuse_once(prompt, mode_name, ratio, namespace, cache)
         except ChunkLost as err:  # a chunk vanished mid-stream from every tier: look everything up again
             _log.warning("blendserve: %s; retrying the request's lookups", err)
-            return self._fuse_once(prompt, mode_name, ratio, extra_capacity, namespace, cache)
+            return self._fuse_once(prompt, mode_name, ratio, namespace, cache)
 
     def _fuse_once(
-        self,
-        prompt: PromptLayout,
-        mode_name: str,
-        ratio: float,
-        extra_capacity: int,
-        namespace: str,
-        cache: KVCache | None,
+        self, prompt: PromptLayout, mode_name: str, ratio: float, namespace: str, cache: KVCache
     ) -> tuple[KVCache, PrefillResult, LookupResult]:
         mode = self.modes[mode_name]
         lookup = self._lookup_layout(prompt, mode.reads_chunk_cache, namespace, ratio)
-        cache = cache if cache is not None else self.runner.new_cache(lookup.layout.num_tokens + extra_capacity)
         observe = self.controller.observe if self.controller is not None else ignore_fetch
         with self.loader.start(lookup.layout, cache, self.runner.rerotate_keys, observe) as feed:
             prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.ratio, feed)

@@ -12,6 +12,7 @@ from workers.checkpoint import Checkpoint
 from workers.chunk_store import LocalChunkStore
 from workers.engine import BlendEngine, BlendRequest
 from workers.fusion.layer_feed import EagerLoader, PipelinedLoader
+from workers.kv_cache import KVCache
 from workers.kvplane_store import KVPlaneChunkStore
 from workers.prompt import PromptLayout
 from workers.sampling import SamplingParams
@@ -117,3 +118,22 @@ def test_with_a_slow_tier_ttft_is_near_max_of_load_and_compute(checkpoint: Check
     assert eager_s > 0.85 * (load_s + compute_s)  # no pipeline: the sum
     assert pipelined_s < 0.8 * (load_s + compute_s)
     assert pipelined_s < 1.3 * max(load_s, compute_s), (pipelined_s, load_s, compute_s)
+
+
+def test_fusing_into_a_reused_dirty_cache_equals_a_fresh_one(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
+    # The vLLM engine hands fusion the previous request's buffer (workers/vllm/kv_buffer.py): whatever it held
+    # must not leak into the new request's KV.
+    engine = BlendEngine(checkpoint)
+    record = qa_records[0]
+    documents = [record["documents"][1], record["documents"][0]]
+    prompt = engine.layout(documents, record["question"])
+    engine.precompute(prompt)
+    fresh, _, _ = engine.fuse(prompt, "cacheblend", 0.15)
+    storage = torch.full((*fresh.data.shape[:2], fresh.capacity + 7, *fresh.data.shape[3:]), float("nan"),
+                         dtype=fresh.data.dtype)
+    reused = KVCache(checkpoint.config, fresh.capacity, fresh.data.dtype, storage=storage)
+    filled, _, _ = engine.fuse(prompt, "cacheblend", 0.15, cache=reused)
+    assert filled is reused and filled.data.data_ptr() == storage.data_ptr()
+    assert torch.equal(filled.data, fresh.data)
+    with pytest.raises(ValueError, match="cannot hold"):
+        engine.fuse(prompt, "cacheblend", 0.15, extra_capacity=8, cache=reused)
