@@ -133,19 +133,15 @@ class VLLMEngine(Engine):
             cache = self._buffer.take(len(context.token_ids))
             try:
                 cache, prefill, layout = self.blend.fuse(context, request.mode, ratio, 0, request.namespace, cache)
-            except BaseException:
-                self._buffer.release(cache)
-                raise
-            num_context = layout.num_context_tokens
-            injected = injectable_tokens(num_context, len(prompt.token_ids))
-            fused.update(layout=layout, fraction=prefill.recomputed_fraction, injected=injected)
-            if injected > 0:
-                key = put_kv(cache.data[:, :, :num_context])
-                extra = ContextKVParams(num_context, key=key).as_extra_args()
-                params.extra_args = {**(params.extra_args or {}), **extra}
-                self._buffer.lend(cache, key)  # reusable once the connector drops the KV (request finished)
-            else:
-                self._buffer.release(cache)
+                num_context = layout.num_context_tokens
+                injected = injectable_tokens(num_context, len(prompt.token_ids))
+                fused.update(layout=layout, fraction=prefill.recomputed_fraction, injected=injected)
+                if injected > 0:
+                    key = put_kv(cache.data[:, :, :num_context])
+                    extra = ContextKVParams(num_context, key=key).as_extra_args()
+                    params.extra_args = {**(params.extra_args or {}), **extra}
+            finally:
+                self._buffer.release(cache, key)  # reusable once the connector drops the KV (request finished)
         try:
             return self._loop.add_request(uuid.uuid4().hex, {"prompt_token_ids": prompt.token_ids}, params)
         except BaseException:

@@ -30,15 +30,10 @@ class ReusedKVBuffer:
         self._in_use, self._lent_key = True, None
         return KVCache(self.config, capacity, self.dtype, storage=self._storage)
 
-    def lend(self, cache: KVCache, key: str) -> None:
-        """`cache`'s KV is held under `key` until vLLM drops it; then the memory may be reused."""
+    def release(self, cache: KVCache, held_under: str | None = None) -> None:
+        """The fusion is done with `cache`: reusable now, or once vLLM drops the KV handed over under `held_under`."""
         if self._owns(cache):
-            self._in_use, self._lent_key = False, key
-
-    def release(self, cache: KVCache) -> None:
-        """`cache` is no longer read by anyone."""
-        if self._owns(cache):
-            self._in_use, self._lent_key = False, None
+            self._in_use, self._lent_key = False, held_under
 
     def _owns(self, cache: KVCache) -> bool:
         return self._storage is not None and cache.data.data_ptr() == self._storage.data_ptr()

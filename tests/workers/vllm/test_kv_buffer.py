@@ -31,7 +31,7 @@ def test_lent_kv_blocks_reuse_until_vllm_drops_it() -> None:
     cache = buffer.take(30)
     cache.data.fill_(1.0)
     key = put_kv(cache.data[:, :, :20])
-    buffer.lend(cache, key)
+    buffer.release(cache, held_under=key)
     other = buffer.take(30)
     other.data.fill_(2.0)
     assert not _same_memory(cache, other) and bool((cache.data == 1.0).all())  # the lent KV is untouched
