@@ -1,5 +1,6 @@
 """The Ray Serve application: a FastAPI ingress in front of worker replicas; `build_app` is its import path."""
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
@@ -17,11 +18,12 @@ from cluster.config import ServeConfig, config_from_dict, config_to_dict
 from cluster.gateway import Gateway
 from cluster.pinned_router import PinnedRequestRouter
 from cluster.worker_setup import start_worker
-from scheduler.autoscaling import serve_autoscaling_config
+from scheduler.autoscaling import AutoscalingPolicy, serve_autoscaling_config
+from scheduler.serve_policy import TtftWindow
 from workers.checkpoint import load_model_card
 from workers.default_model import prepare_default_model
 from workers.engine_base import StoredChunk
-from workers.worker import Event, Job
+from workers.worker import Event, Finished, Job
 
 T = TypeVar("T")
 _END = object()
@@ -113,13 +115,21 @@ class WorkerDeployment:
 
     def __init__(self, config: dict[str, Any]) -> None:
         worker_id = serve.get_replica_context().replica_id.unique_id
-        self._worker, self._heartbeat = start_worker(config_from_dict(config), worker_id)
+        serve_config = config_from_dict(config)
+        self._ttfts = TtftWindow((serve_config.autoscaling or AutoscalingPolicy()).look_back_period_s)
+        self._worker, self._heartbeat = start_worker(serve_config, worker_id)
         self._slots = asyncio.Semaphore(self._worker.engine.max_concurrent_jobs)
 
     async def stream(self, job: Job, worker_id: str | None = None) -> AsyncIterator[Event]:
         async with self._slots:
             async for event in _in_thread(self._worker.run(job)):
+                if isinstance(event, Finished):
+                    self._ttfts.add(event.ttft_s, time.monotonic())
                 yield event
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's hook: this replica's TTFT p95 for the autoscaling policy (the queue is Serve's own count)."""
+        return self._ttfts.autoscaling_stats(time.monotonic())
 
     async def store_documents(
         self, documents: list[str], namespace: str, worker_id: str | None = None
@@ -153,7 +163,11 @@ def worker_options(config: ServeConfig) -> dict[str, Any]:
     if config.autoscaling is None:
         options["num_replicas"] = config.workers.num_replicas
     else:
-        options["autoscaling_config"] = serve_autoscaling_config(config.autoscaling)
+        # Start from the configured count (within the policy's bounds, as the configuration checks).
+        options["autoscaling_config"] = {
+            **serve_autoscaling_config(config.autoscaling),
+            "initial_replicas": config.workers.num_replicas,
+        }
     return options
 
 

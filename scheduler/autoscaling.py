@@ -1,6 +1,6 @@
 """Worker replica autoscaling: a pure policy on queue depth and a TTFT SLO, and its Ray Serve config."""
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from scheduler.checks import check, check_at_least, check_count, check_non_negative, check_positive
@@ -25,6 +25,8 @@ class AutoscalingPolicy:
     upscale_delay_s: float = 30.0
     downscale_delay_s: float = 300.0
     look_back_period_s: float = 30.0
+    # How often each replica sends Serve its figures (queue, TTFT p95); shorter than the look-back window.
+    metrics_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         # At least one replica: scaling to zero would drop every warm cache and reload the model on the next request.
@@ -39,6 +41,10 @@ class AutoscalingPolicy:
         check_non_negative("upscale_delay_s", self.upscale_delay_s)
         check_non_negative("downscale_delay_s", self.downscale_delay_s)
         check_positive("look_back_period_s", self.look_back_period_s)
+        check_positive("metrics_interval_s", self.metrics_interval_s)
+        # Serve averages over the window: it must hold more than one report.
+        window = self.look_back_period_s
+        check(self.metrics_interval_s < window, "metrics_interval_s", f"< look_back_period_s ({window})", self.metrics_interval_s)
 
     def clamp(self, num_replicas: int) -> int:
         """`num_replicas` brought within [min_replicas, max_replicas]."""
@@ -67,8 +73,12 @@ def desired_replicas(
     return current
 
 
+# Serve imports the policy by this path (in its controller) and builds it with the policy's fields.
+SERVE_POLICY_PATH = "scheduler.serve_policy:ServeAutoscalingPolicy"
+
+
 def serve_autoscaling_config(policy: AutoscalingPolicy) -> dict[str, Any]:
-    """Ray Serve `autoscaling_config` for the worker deployment (Ray's request-based policy: bounds, target, delays)."""
+    """Ray Serve `autoscaling_config` for the worker deployment: bounds and delays, decided by `desired_replicas`."""
     return {
         "min_replicas": policy.min_replicas,
         "initial_replicas": policy.min_replicas,
@@ -77,4 +87,6 @@ def serve_autoscaling_config(policy: AutoscalingPolicy) -> dict[str, Any]:
         "upscale_delay_s": policy.upscale_delay_s,
         "downscale_delay_s": policy.downscale_delay_s,
         "look_back_period_s": policy.look_back_period_s,
+        "metrics_interval_s": policy.metrics_interval_s,
+        "policy": {"policy_function": SERVE_POLICY_PATH, "policy_kwargs": asdict(policy)},
     }

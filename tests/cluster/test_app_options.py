@@ -16,3 +16,10 @@ def test_autoscaling_replaces_the_fixed_count():
     assert "num_replicas" not in options
     assert options["autoscaling_config"]["min_replicas"] == 1 and options["autoscaling_config"]["max_replicas"] == 4
     assert options["max_ongoing_requests"] == 5
+
+
+def test_autoscaling_starts_from_the_configured_count_under_the_blendserve_policy():
+    config = config_from_dict({"autoscaling": {"min_replicas": 1, "max_replicas": 4}, "workers": {"num_replicas": 2}})
+    autoscaling = worker_options(config)["autoscaling_config"]
+    assert autoscaling["initial_replicas"] == 2
+    assert autoscaling["policy"]["policy_function"] == "scheduler.serve_policy:ServeAutoscalingPolicy"

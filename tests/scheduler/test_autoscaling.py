@@ -113,6 +113,8 @@ def test_a_scale_down_is_not_undone_by_the_same_load(
         ({"max_step_down": 0}, "max_step_down"),
         ({"upscale_delay_s": -1.0}, "upscale_delay_s"),
         ({"look_back_period_s": 0.0}, "look_back_period_s"),
+        ({"metrics_interval_s": 0.0}, "metrics_interval_s"),
+        ({"metrics_interval_s": 30.0}, "metrics_interval_s"),  # not shorter than the 30 s look-back window
     ],
 )
 def test_bad_policy_names_the_field(kwargs: dict, field: str) -> None:
@@ -137,3 +139,6 @@ def test_serve_autoscaling_config_validates_in_ray_serve(policy: AutoscalingPoli
     assert validated.target_ongoing_requests == policy.target_queue_per_replica
     assert validated.upscale_delay_s == policy.upscale_delay_s
     assert validated.downscale_delay_s == policy.downscale_delay_s
+    assert validated.metrics_interval_s == policy.metrics_interval_s
+    assert validated.policy.policy_function == "scheduler.serve_policy:ServeAutoscalingPolicy"
+    assert AutoscalingPolicy(**validated.policy.policy_kwargs) == policy
