@@ -147,3 +147,7 @@ def test_models_health_and_metrics(server):
         assert name in families, name
     assert families["blendserve_ttft_seconds"].type == "histogram"
     assert any(s.value > 0 for s in families["blendserve_requests"].samples)
+
+
+# The chart's dashboard is checked here, against this module's live app after the traffic above (no second server).
+from tests.cluster.dashboard_metrics import test_every_dashboard_query_names_an_exported_metric  # noqa: E402,F401

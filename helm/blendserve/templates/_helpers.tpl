@@ -1,0 +1,185 @@
+{{/* Names and labels. */}}
+{{- define "blendserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "blendserve.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "blendserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "blendserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "blendserve.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "blendserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "blendserve.serveServiceName" -}}
+{{- printf "%s-serve" (include "blendserve.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "blendserve.apiKeysSecret" -}}
+{{- .Values.apiKeys.existingSecret | default (printf "%s-api-keys" (include "blendserve.fullname" .)) -}}
+{{- end -}}
+
+{{- define "blendserve.objectStoreSecret" -}}
+{{- $credentials := .Values.kvCache.object.credentials -}}
+{{- if $credentials.existingSecret -}}
+{{- $credentials.existingSecret -}}
+{{- else if $credentials.create.enabled -}}
+{{- printf "%s-object-store" (include "blendserve.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Bytes in a Kubernetes quantity such as 48Gi, 500M or 1024 (integers only, as the schema allows). */}}
+{{- define "blendserve.bytes" -}}
+{{- $quantity := toString . -}}
+{{- $digits := regexFind "^[0-9]+" $quantity -}}
+{{- $units := dict "" 1 "K" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 -}}
+{{- mul (int64 $digits) (get $units (trimPrefix $digits $quantity)) -}}
+{{- end -}}
+
+{{/* Paths inside every Ray pod. */}}
+{{- define "blendserve.dataDir" -}}/data/blendserve{{- end -}}
+{{- define "blendserve.apiKeysDir" -}}/etc/blendserve/api-keys{{- end -}}
+
+{{/* The chunk-KV tiers: device, the node's RAM (a share of the smallest worker pod's memory), SSD, object. */}}
+{{- define "blendserve.tiers" -}}
+{{- $cache := .Values.kvCache -}}
+{{- $smallest := int64 0 -}}
+{{- range .Values.workerGroups -}}
+{{- $bytes := include "blendserve.bytes" .memory | int64 -}}
+{{- if or (eq $smallest 0) (lt $bytes $smallest) -}}
+{{- $smallest = $bytes -}}
+{{- end -}}
+{{- end -}}
+{{- $ramBytes := mulf $smallest $cache.ram.memoryFraction | floor | int64 -}}
+{{- $tiers := list (dict "name" "device" "url" "device://" "capacity_bytes" (include "blendserve.bytes" $cache.device.capacity | int64)) -}}
+{{- $tiers = append $tiers (dict "name" "ram" "url" "ram://" "capacity_bytes" $ramBytes) -}}
+{{- if $cache.ssd.enabled -}}
+{{- /* 90% of the volume: it also holds vLLM's scratch files, and a full emptyDir gets the pod evicted. */ -}}
+{{- $ssdBytes := mulf (include "blendserve.bytes" $cache.ssd.capacity | int64) 0.9 | floor | int64 -}}
+{{- $tiers = append $tiers (dict "name" "ssd" "url" (printf "file://%s/kv" (include "blendserve.dataDir" .)) "capacity_bytes" $ssdBytes) -}}
+{{- end -}}
+{{- if $cache.object.enabled -}}
+{{- $object := dict "name" "object" "url" $cache.object.url "capacity_bytes" (include "blendserve.bytes" $cache.object.capacity | int64) -}}
+{{- if $cache.object.endpointUrl -}}
+{{- $_ := set $object "storage_options" (dict "client_kwargs" (dict "endpoint_url" $cache.object.endpointUrl)) -}}
+{{- end -}}
+{{- $tiers = append $tiers $object -}}
+{{- end -}}
+{{- toJson $tiers -}}
+{{- end -}}
+
+{{/* blendserve's configuration (the app's args): the user's `config`, then what the chart decides. */}}
+{{- define "blendserve.appConfig" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $server := merge (dict "host" "0.0.0.0" "port" 8000) (deepCopy (get $config "server" | default dict)) -}}
+{{- if .Values.apiKeys.enabled -}}
+{{- $_ := set $server "api_keys_file" (printf "%s/%s" (include "blendserve.apiKeysDir" .) .Values.apiKeys.secretKey) -}}
+{{- $_ := set $server "metrics_require_key" .Values.apiKeys.metricsRequireKey -}}
+{{- else -}}
+{{- $_ := set $server "allow_unauthenticated" true -}}
+{{- end -}}
+{{- $_ := set $config "server" $server -}}
+{{- $_ := set $config "data_dir" (include "blendserve.dataDir" .) -}}
+{{- $_ := set $config "tiers" (include "blendserve.tiers" . | fromJsonArray) -}}
+{{- $_ := set $config "workers" (dict "num_replicas" (int .Values.replica.count) "num_cpus" .Values.replica.numCpus "num_gpus" .Values.replica.numGpus) -}}
+{{- if .Values.autoscaling.enabled -}}
+{{- $_ := set $config "autoscaling" .Values.autoscaling.policy -}}
+{{- end -}}
+{{- toJson $config -}}
+{{- end -}}
+
+{{/* Ray Serve's declarative config (what `serve deploy` takes), KubeRay's serveConfigV2. */}}
+{{- define "blendserve.serveConfig" -}}
+http_options:
+  host: 0.0.0.0
+  port: 8000
+proxy_location: EveryNode
+applications:
+  - name: blendserve
+    import_path: cluster.app:build_app
+    route_prefix: /
+    args:
+      {{- include "blendserve.appConfig" . | fromJson | toYaml | nindent 6 }}
+{{- end -}}
+
+{{/* Environment of every Ray container: object-store credentials from their Secret, never inline. */}}
+{{- define "blendserve.env" -}}
+{{- $secret := include "blendserve.objectStoreSecret" . -}}
+{{- $object := .Values.kvCache.object -}}
+{{- if and $object.enabled $secret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $object.credentials.accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $object.credentials.secretAccessKeyKey }}
+{{- end }}
+{{- if and $object.enabled $object.region }}
+- name: AWS_DEFAULT_REGION
+  value: {{ $object.region | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Mounts every Ray container has: the API keys file and blendserve's data directory. */}}
+{{- define "blendserve.volumeMounts" -}}
+- name: data
+  mountPath: {{ include "blendserve.dataDir" . }}
+{{- if .Values.apiKeys.enabled }}
+- name: api-keys
+  mountPath: {{ include "blendserve.apiKeysDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "blendserve.apiKeysVolume" -}}
+{{- if .Values.apiKeys.enabled -}}
+- name: api-keys
+  secret:
+    secretName: {{ include "blendserve.apiKeysSecret" . }}
+    items:
+      - key: {{ .Values.apiKeys.secretKey }}
+        path: {{ .Values.apiKeys.secretKey }}
+{{- end }}
+{{- end -}}
+
+{{/* The probes on blendserve's own routes, through the Serve proxy. */}}
+{{- define "blendserve.readinessProbe" -}}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: serve
+  periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
+  timeoutSeconds: {{ .Values.probes.readiness.timeoutSeconds }}
+  failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
+{{- end -}}
+
+{{- define "blendserve.podSpecCommon" -}}
+{{- with .Values.serviceAccountName }}
+serviceAccountName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,307 @@
+"""The chart renders and lints with a real Helm engine; every manifest passes the schemas the API server applies."""
+import base64
+import math
+
+import helm_python as helm
+import pytest
+import yaml
+from ray.serve.config import AutoscalingConfig
+from ray.serve.schema import ServeDeploySchema
+
+from cluster.app import worker_options
+from cluster.config import config_from_dict
+from scheduler.autoscaling import SERVE_POLICY_PATH
+from tests.helm.rendering import (
+    CHART_DIR,
+    PROMETHEUS_OPERATOR_KINDS,
+    app_args,
+    manifests,
+    of_kind,
+    one,
+    pods_of,
+    ray_cluster_of,
+    render,
+    serve_config,
+    validate_core,
+    validate_kuberay,
+)
+
+GiB = 1 << 30
+CPU_WORKERS = {
+    "replica": {"numCpus": 2, "numGpus": 0, "count": 2},
+    "workerGroups": [{
+        "name": "cpu", "replicas": 2, "minReplicas": 2, "maxReplicas": 2, "gpus": 0, "cpus": 4,
+        "memory": "16Gi", "shmSize": "2Gi", "runtimeClassName": "", "nodeSelector": {"kubernetes.io/arch": "amd64"},
+        "tolerations": [],
+    }],
+    "config": {"engine": {"kind": "vllm", "vllm": {"device": "cpu"}}, "fusion": {"recompute_ratio": 0.2}},
+    "autoscaling": {"enabled": False},
+    "apiKeys": {"enabled": False},
+    "kvCache": {"ssd": {"volume": "emptyDir", "capacity": "20Gi"}},
+}
+S3_AND_MONITORING = {
+    "kvCache": {
+        "object": {
+            "enabled": True, "url": "s3://kvcache/blendserve", "capacity": "2Ti",
+            "endpointUrl": "http://minio.storage:9000", "region": "eu-west-1",
+            "credentials": {"existingSecret": "s3-creds"},
+        },
+        "ssd": {"volume": "hostPath", "hostPath": "/mnt/nvme/blendserve"},
+    },
+    "apiKeys": {"existingSecret": "rag-keys", "secretKey": "keys.yaml", "metricsRequireKey": True},
+    "ingress": {
+        "enabled": True, "className": "nginx", "hosts": [{"host": "rag.example.com", "paths": [{"path": "/", "pathType": "Prefix"}]}],
+        "tls": [{"secretName": "rag-tls", "hosts": ["rag.example.com"]}],
+    },
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "bearerTokenSecret": {"name": "prometheus-key", "key": "token"}},
+        "podMonitor": {"enabled": True},
+    },
+}
+TWO_GPU_GROUPS_CREATED_SECRET = {
+    "workerGroups": [
+        {"name": "a100", "replicas": 1, "minReplicas": 1, "maxReplicas": 2, "gpus": 2, "cpus": 16, "memory": "128Gi",
+         "shmSize": "16Gi", "runtimeClassName": "nvidia", "nodeSelector": {"gpu": "a100"}},
+        {"name": "l4", "replicas": 0, "minReplicas": 0, "maxReplicas": 4, "gpus": 1, "cpus": 8, "memory": "32Gi",
+         "shmSize": "8Gi", "runtimeClassName": "nvidia",
+         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+             {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["l4"]}]}]}}}},
+    ],
+    "autoscaling": {"policy": {"min_replicas": 1, "max_replicas": 8, "ttft_slo_s": 1.5, "max_step_up": 1}},
+    "kvCache": {
+        "object": {"enabled": True, "url": "s3://kvcache/prod", "credentials": {"create": {
+            "enabled": True, "accessKeyId": "AKIAEXAMPLEKEY", "secretAccessKey": "example-secret-access-key"}}},
+        "ssd": {"storageClassName": "local-nvme"},
+    },
+    "upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
+        "gatewayClassName": "istio", "stepSizePercent": 25, "intervalSeconds": 60}},
+}
+EVERYTHING_OFF = {
+    "autoscaling": {"enabled": False},
+    "kvCache": {"ssd": {"enabled": False}},
+    "podDisruptionBudget": {"enabled": False},
+    "metrics": {"grafanaDashboard": {"enabled": False}},
+    "apiKeys": {"enabled": False},
+}
+VALUE_SETS = {
+    "defaults": None,
+    "cpu-workers-keys-off": CPU_WORKERS,
+    "s3-existing-secret-monitoring": S3_AND_MONITORING,
+    "two-gpu-groups-s3-created-secret": TWO_GPU_GROUPS_CREATED_SECRET,
+    "everything-off": EVERYTHING_OFF,
+}
+
+
+@pytest.fixture(scope="module", params=list(VALUE_SETS))
+def rendered(request: pytest.FixtureRequest) -> tuple[dict | None, list[dict]]:
+    values = VALUE_SETS[request.param]
+    return values, manifests(values)
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_strict_lint_passes(name: str):
+    report = helm.lint(CHART_DIR, VALUE_SETS[name], strict=True)
+    assert report["errors"] == []
+    # Info only (severity 1: "icon is recommended"); strict lint fails on any warning or error.
+    assert all(message["severity"] <= 1 for message in report["messages"]), report["messages"]
+
+
+def test_every_manifest_passes_its_schema(rendered):
+    _, objects = rendered
+    kinds = {o["kind"] for o in objects}
+    assert "RayService" in kinds
+    for obj in objects:
+        if obj["apiVersion"].startswith("ray.io/"):
+            validate_kuberay(obj)
+        elif obj["kind"] in PROMETHEUS_OPERATOR_KINDS:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"  # no schema offline: docs/deploy.md says so
+        else:
+            validate_core(obj)
+    cluster = ray_cluster_of(one(objects, "RayService"))
+    validate_kuberay(cluster)
+    for pod in pods_of(cluster):
+        validate_core(pod)
+
+
+def test_the_kuberay_schema_refuses_unknown_fields():
+    service = one(manifests(), "RayService")
+    service["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParam"] = {}
+    with pytest.raises(Exception, match="rayStartParam"):
+        validate_kuberay(service)
+
+
+def test_serve_config_is_accepted_by_ray_and_by_blendserve(rendered):
+    _, objects = rendered
+    deploy = ServeDeploySchema(**serve_config(objects))
+    (application,) = deploy.applications
+    assert application.import_path == "cluster.app:build_app" and application.route_prefix == "/"
+    assert deploy.http_options.host == "0.0.0.0" and deploy.http_options.port == 8000
+    config = config_from_dict(application.args)
+    assert config.server.host == "0.0.0.0"
+    assert str(config.data_dir) == "/data/blendserve"
+
+
+def test_head_runs_no_model_and_workers_hold_whole_replicas(rendered):
+    values, objects = rendered
+    cluster = one(objects, "RayService")["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["rayStartParams"]
+    assert head["num-gpus"] == "0" and head["num-cpus"] == "0"
+    config = config_from_dict(app_args(objects))
+    for group in cluster["workerGroupSpecs"]:
+        (container,) = group["template"]["spec"]["containers"]
+        gpus = int(group["rayStartParams"]["num-gpus"])
+        assert container["resources"]["limits"].get("nvidia.com/gpu") == (str(gpus) if gpus else None)
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        if config.workers.num_gpus:
+            assert gpus >= config.workers.num_gpus
+            assert group["template"]["spec"]["runtimeClassName"] == "nvidia"
+        else:
+            assert int(group["rayStartParams"]["num-cpus"]) >= config.workers.num_cpus
+
+
+def test_gpu_and_cpu_groups_follow_their_values():
+    gpu = one(manifests(), "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    assert gpu["template"]["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert gpu["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    cpu = one(manifests(CPU_WORKERS), "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    assert "runtimeClassName" not in cpu["template"]["spec"]
+    assert cpu["template"]["spec"]["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+    assert "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert (cpu["replicas"], cpu["minReplicas"], cpu["maxReplicas"]) == (2, 2, 2)
+
+
+def test_tiers_are_sized_from_the_pods():
+    tiers = {t["name"]: t for t in app_args(manifests(TWO_GPU_GROUPS_CREATED_SECRET))["tiers"]}
+    assert tiers["device"]["capacity_bytes"] == 4 * GiB
+    assert tiers["ram"]["capacity_bytes"] == 32 * GiB // 4  # a quarter of the smallest pod's 32Gi
+    assert tiers["ssd"]["capacity_bytes"] == math.floor(100 * GiB * 0.9)
+    assert tiers["ssd"]["url"] == "file:///data/blendserve/kv"
+    assert tiers["object"]["url"] == "s3://kvcache/prod"
+    assert set(tiers) == {"device", "ram", "ssd", "object"}
+    assert {t["name"] for t in app_args(manifests(EVERYTHING_OFF))["tiers"]} == {"device", "ram"}
+
+
+@pytest.mark.parametrize(
+    ("values", "volume"),
+    [(None, "ephemeral"), (CPU_WORKERS, "emptyDir"), (S3_AND_MONITORING, "hostPath"), (EVERYTHING_OFF, "emptyDir")],
+)
+def test_the_ssd_tier_is_a_volume_of_each_pod(values, volume):
+    for group in one(manifests(values), "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        (data,) = [v for v in group["template"]["spec"]["volumes"] if v["name"] == "data"]
+        assert volume in data
+        (container,) = group["template"]["spec"]["containers"]
+        assert {"name": "data", "mountPath": "/data/blendserve"} in container["volumeMounts"]
+
+
+def _env_of_workers(objects: list[dict]) -> list[list[dict]]:
+    groups = one(objects, "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    return [g["template"]["spec"]["containers"][0].get("env", []) for g in groups]
+
+
+def test_object_store_credentials_come_from_a_secret_never_inline():
+    objects = manifests(S3_AND_MONITORING)
+    args = app_args(objects)
+    (tier,) = [t for t in args["tiers"] if t["name"] == "object"]
+    assert tier["storage_options"] == {"client_kwargs": {"endpoint_url": "http://minio.storage:9000"}}
+    for env in _env_of_workers(objects):
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e}
+        assert refs["AWS_ACCESS_KEY_ID"] == {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"}
+        assert refs["AWS_SECRET_ACCESS_KEY"] == {"name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY"}
+        assert {"name": "AWS_DEFAULT_REGION", "value": "eu-west-1"} in env
+    created = manifests(TWO_GPU_GROUPS_CREATED_SECRET)
+    (secret,) = [s for s in of_kind(created, "Secret") if s["metadata"]["name"].endswith("-object-store")]
+    assert base64.b64decode(secret["data"]["AWS_SECRET_ACCESS_KEY"]).decode() == "example-secret-access-key"
+    service_text = render(TWO_GPU_GROUPS_CREATED_SECRET)["blendserve/templates/rayservice.yaml"]
+    assert "example-secret-access-key" not in service_text and "AKIAEXAMPLEKEY" not in service_text
+    for env in _env_of_workers(created):
+        assert {e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e} == {secret["metadata"]["name"]}
+
+
+def test_api_keys_come_from_a_secret_mounted_as_the_configured_file():
+    objects = manifests()
+    (secret,) = of_kind(objects, "Secret")
+    keys = yaml.safe_load(base64.b64decode(secret["data"]["api_keys.yaml"]))
+    ((key, tenant),) = keys.items()
+    assert tenant == "default" and len(key) >= 32
+    server = app_args(objects)["server"]
+    assert server["api_keys_file"] == "/etc/blendserve/api-keys/api_keys.yaml"
+    cluster = one(objects, "RayService")["spec"]["rayClusterConfig"]
+    for spec in [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]:
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "api-keys"]
+        assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+        assert {"name": "api-keys", "mountPath": "/etc/blendserve/api-keys", "readOnly": True} in spec["containers"][0]["volumeMounts"]
+    existing = manifests(S3_AND_MONITORING)
+    assert of_kind(existing, "Secret") == []  # the user's own Secret is used, not made
+    assert app_args(existing)["server"]["api_keys_file"] == "/etc/blendserve/api-keys/keys.yaml"
+
+
+def test_keys_off_serves_open_and_mounts_nothing():
+    objects = manifests(CPU_WORKERS)
+    assert app_args(objects)["server"]["allow_unauthenticated"] is True
+    assert "api_keys_file" not in app_args(objects)["server"]
+    assert of_kind(objects, "Secret") == []
+    cluster = one(objects, "RayService")["spec"]["rayClusterConfig"]
+    assert all(v["name"] != "api-keys" for v in cluster["headGroupSpec"]["template"]["spec"]["volumes"])
+
+
+def test_autoscaling_on_drives_serve_with_the_blendserve_policy_and_the_ray_autoscaler():
+    objects = manifests(TWO_GPU_GROUPS_CREATED_SECRET)
+    cluster = one(objects, "RayService")["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"]["idleTimeoutSeconds"] == 120
+    serve = AutoscalingConfig(**worker_options(config_from_dict(app_args(objects)))["autoscaling_config"])
+    assert (serve.min_replicas, serve.max_replicas) == (1, 8)
+    assert serve.policy.policy_function == SERVE_POLICY_PATH
+    assert serve.policy.policy_kwargs["ttft_slo_s"] == 1.5 and serve.policy.policy_kwargs["max_step_up"] == 1
+    assert [(g["minReplicas"], g["maxReplicas"]) for g in cluster["workerGroupSpecs"]] == [(1, 2), (0, 4)]
+
+
+def test_autoscaling_off_runs_a_fixed_count():
+    objects = manifests(CPU_WORKERS)
+    cluster = one(objects, "RayService")["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is False and "autoscalerOptions" not in cluster
+    options = worker_options(config_from_dict(app_args(objects)))
+    assert options["num_replicas"] == 2 and "autoscaling_config" not in options
+
+
+def test_probes_use_blendserve_routes():
+    cluster = one(manifests(), "RayService")["spec"]["rayClusterConfig"]
+    (head,) = cluster["headGroupSpec"]["template"]["spec"]["containers"]
+    assert head["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "serve"}
+    assert head["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "serve"}
+    assert head["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "serve"}
+    for group in cluster["workerGroupSpecs"]:
+        (worker,) = group["template"]["spec"]["containers"]
+        assert worker["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert "livenessProbe" not in worker  # KubeRay's raylet check: a pod without a replica has no proxy
+
+
+def test_service_ingress_pdb_and_monitors():
+    objects = manifests(S3_AND_MONITORING)
+    service = one(objects, "RayService")["spec"]["serveService"]
+    assert service["metadata"]["name"] == "rag-blendserve-serve"
+    (ingress,) = of_kind(objects, "Ingress")
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "rag-blendserve-serve", "port": {"name": "serve"}}
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "serve"
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"] == {"name": "prometheus-key", "key": "token"}
+    assert one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "interval": "30s"}]
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert of_kind(manifests(EVERYTHING_OFF), "PodDisruptionBudget") == []
+
+
+def test_upgrade_strategy_passes_through():
+    spec = one(manifests(TWO_GPU_GROUPS_CREATED_SECRET), "RayService")["spec"]
+    assert spec["upgradeStrategy"]["type"] == "NewClusterWithIncrementalUpgrade"
+    assert spec["upgradeStrategy"]["clusterUpgradeOptions"]["stepSizePercent"] == 25
+    assert one(manifests(), "RayService")["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
+
+
+def test_notes_say_how_to_call_the_endpoint():
+    notes = render()["blendserve/templates/NOTES.txt"]
+    assert "curl -s 127.0.0.1:8000/v1/chat/completions" in notes
+    assert "from openai import OpenAI" in notes
+    assert "kubectl -n ai port-forward svc/rag-blendserve-serve 8000:8000" in notes
