@@ -57,6 +57,9 @@ S3_AND_MONITORING = {
         "serviceMonitor": {"enabled": True, "bearerTokenSecret": {"name": "prometheus-key", "key": "token"}},
         "podMonitor": {"enabled": True},
     },
+    "config": {"model": {"path": "/models/Llama-3.1-8B-Instruct", "name": "llama-3.1-8b"}},
+    "extraVolumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}],
+    "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
 }
 TWO_GPU_GROUPS_CREATED_SECRET = {
     "workerGroups": [
@@ -305,3 +308,10 @@ def test_notes_say_how_to_call_the_endpoint():
     assert "curl -s 127.0.0.1:8000/v1/chat/completions" in notes
     assert "from openai import OpenAI" in notes
     assert "kubectl -n ai port-forward svc/rag-blendserve-serve 8000:8000" in notes
+
+
+def test_extra_volumes_reach_every_pod():
+    cluster = one(manifests(S3_AND_MONITORING), "RayService")["spec"]["rayClusterConfig"]
+    for spec in [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]:
+        assert {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in spec["volumes"]
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in spec["containers"][0]["volumeMounts"]

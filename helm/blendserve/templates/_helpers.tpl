@@ -150,16 +150,23 @@ applications:
   mountPath: {{ include "blendserve.apiKeysDir" . }}
   readOnly: true
 {{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
-{{- define "blendserve.apiKeysVolume" -}}
-{{- if .Values.apiKeys.enabled -}}
+{{/* Volumes every Ray pod has besides its data volume: the API keys Secret and the extra volumes. */}}
+{{- define "blendserve.sharedVolumes" -}}
+{{- if .Values.apiKeys.enabled }}
 - name: api-keys
   secret:
     secretName: {{ include "blendserve.apiKeysSecret" . }}
     items:
       - key: {{ .Values.apiKeys.secretKey }}
         path: {{ .Values.apiKeys.secretKey }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
