@@ -27,6 +27,7 @@ from workers.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
 from workers.controller import LoadingController  # noqa: E402
 from workers.default_model import prepare_default_model  # noqa: E402
 from workers.delay_model import RecomputeDelayModel, calibrate_runner  # noqa: E402
+from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype  # noqa: E402
 from workers.engine import BlendEngine, BlendRequest  # noqa: E402
 from workers.evaluation.dataset import QARecord, load_records  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
@@ -63,12 +64,14 @@ def main() -> None:
     parser.add_argument("--jitter-spike-ms", type=float, default=250.0)
     parser.add_argument("--out", type=Path, default=Path("docs/results/controller.json"))
     parser.add_argument("--plot", type=Path, default=Path("docs/controller_ttft.png"))
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="compute dtype (auto: by the CPU)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     jitter = JitterConfig(args.jitter_median_ms / 1e3, args.jitter_sigma, args.jitter_spike_probability,
                           args.jitter_spike_ms / 1e3, seed=0)
-    checkpoint = load_checkpoint(prepare_default_model(), torch.bfloat16)
+    model = prepare_default_model()
+    checkpoint = load_checkpoint(model, torch_dtype(resolve_dtype(args.dtype, model, on_gpu=False)))
     records = [QARecord(r.id, r.question, r.answers, r.documents[: args.chunks])
                for r in load_records(args.data, args.records, args.offset)]
     began = time.perf_counter()
@@ -82,6 +85,7 @@ def main() -> None:
             results[tier] = _run_tier(checkpoint, store, records, references, delays, args.ratio, args.repeats,
                                       sampling)
     result = {
+        **measured_on(checkpoint.weights.embed.dtype),
         "data": str(args.data),
         "records": len(records),
         "offset": args.offset,

@@ -10,6 +10,7 @@ import torch
 from workers.checkpoint import load_checkpoint
 from workers.chunk_store import LocalChunkStore
 from workers.default_model import prepare_default_model
+from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 from workers.engine import BlendEngine
 from workers.evaluation.dataset import load_records
 from workers.evaluation.evaluate import first_token_kl
@@ -27,8 +28,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--out", type=Path, default=Path("docs/results/fusion_study.json"))
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="compute dtype (auto: by the CPU)")
     args = parser.parse_args()
-    checkpoint = load_checkpoint(prepare_default_model(), torch.bfloat16)
+    model = prepare_default_model()
+    checkpoint = load_checkpoint(model, torch_dtype(resolve_dtype(args.dtype, model, on_gpu=False)))
     stores = {context: LocalChunkStore() for context in ("alone", "prefix")}  # chunk KV does not depend on the metric
     engines = {
         (context, metric): BlendEngine(  # options as docs/quality.md was measured: single tokens, gradual filtering
@@ -42,7 +45,7 @@ def main() -> None:
     for record in load_records(args.data, args.limit):
         measure_record(engines, record.documents, record.question, args.ratio, rows)
     summary = {label: {k: statistics.fmean(v) for k, v in cols.items()} for label, cols in rows.items()}
-    result = {"data": str(args.data), "records": args.limit, "ratio": args.ratio, "results": summary}
+    result = {**measured_on(checkpoint.weights.embed.dtype), "data": str(args.data), "records": args.limit, "ratio": args.ratio, "results": summary}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -8,6 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from workers.dtype import AUTO, DTYPE_CHOICES, measured_on  # noqa: E402
 from workers.evaluation.dataset import load_records  # noqa: E402
 from workers.evaluation.evaluate import EvalRun, evaluate  # noqa: E402
 from workers.fusion.base import FusionOptions  # noqa: E402
@@ -25,15 +26,16 @@ def main() -> None:
     parser.add_argument("--ratios", default=",".join(str(r) for r in DEFAULT_RATIOS))
     parser.add_argument("--out", type=Path, default=Path("docs/quality_sweep.json"))
     parser.add_argument("--plot", type=Path, default=Path("docs/quality_sweep.png"))
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="compute dtype (auto: by the CPU)")
     args = parser.parse_args()
     modes, ratios = args.modes.split(","), [float(r) for r in args.ratios.split(",")]
     runs = [EvalRun("full_prefill", "full_prefill", 1.0)]
     runs += [EvalRun(f"{m}@{r}", m, r) for m in modes for r in ratios]
     # as docs/quality.md was measured: single tokens, gradual filtering
-    engine = load_engine(options=FusionOptions(selection_span_tokens=1).with_gradual_filtering())
+    engine = load_engine(dtype=args.dtype, options=FusionOptions(selection_span_tokens=1).with_gradual_filtering())
     records = load_records(args.data, args.limit)
     summaries, _ = evaluate(engine, records, runs)
-    result = {"data": str(args.data), "records": len(records), "ratios": ratios, "runs": summaries}
+    result = {**measured_on(engine.dtype), "data": str(args.data), "records": len(records), "ratios": ratios, "runs": summaries}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, modes, args.plot)

@@ -20,6 +20,7 @@ from typing import Any
 from vllm_bench import KV_CACHE_BYTES, PlainVLLM, _blended, _median, _text
 
 from workers.default_model import prepare_default_model
+from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import token_f1
 from workers.fusion.oracle import OracleSelection
@@ -44,15 +45,17 @@ def main() -> None:
     parser.add_argument("--oracle-ratio", type=float, default=0.15)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_agreement_study.json"))
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="compute dtype (auto: by the CPU)")
     args = parser.parse_args()
 
     from workers.vllm.engine import VLLMEngine
 
     model = prepare_default_model()
+    dtype = resolve_dtype(args.dtype, model)
     scratch = Path(tempfile.mkdtemp(prefix="blendserve-agreement-"))
     set_cpu_env(scratch)  # before vllm is imported
-    plain = PlainVLLM(model, 8192)
-    engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES))
+    plain = PlainVLLM(model, 8192, dtype)
+    engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES), dtype=dtype)
     engine.blend.modes["oracle_tokens"] = OracleSelection(replace(engine.blend.options, selection_span_tokens=1))
     engine.blend.modes["oracle_spans16"] = OracleSelection(replace(engine.blend.options, selection_span_tokens=16))
     stop = list(engine.stop_token_ids)
@@ -82,7 +85,7 @@ def main() -> None:
                "ttft_s_median": _median([r[name].get("ttft_s") for r in rows])}
         for name in names
     }
-    result = {"data": str(args.data), "records": len(rows), "offset": args.offset, "max_tokens": args.max_tokens,
+    result = {**measured_on(dtype), "data": str(args.data), "records": len(rows), "offset": args.offset, "max_tokens": args.max_tokens,
               "systems": systems, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

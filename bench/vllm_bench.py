@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from workers.default_model import prepare_default_model
+from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 from workers.engine import BlendRequest
 from workers.fusion.cacheblend import CacheBlend
 from workers.evaluation.dataset import load_records
@@ -43,7 +44,7 @@ def _rss_gib() -> float:
 class PlainVLLM:
     """vLLM alone (no connector) with prefix caching on, one request at a time, timed per token."""
 
-    def __init__(self, model_path: Path, max_model_len: int) -> None:
+    def __init__(self, model_path: Path, max_model_len: int, dtype: str) -> None:
         from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -51,7 +52,7 @@ class PlainVLLM:
         # vLLM keeps one worker-side KV connector per process, so this engine is built first and with the
         # connector too (inert here: no request carries context KV); the vLLM engine built next owns it.
         args = EngineArgs(
-            model=str(model_path), dtype="bfloat16", enforce_eager=True, max_model_len=max_model_len,
+            model=str(model_path), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
             enable_prefix_caching=True, kv_cache_memory_bytes=KV_CACHE_BYTES, disable_log_stats=True,
             kv_transfer_config=KVTransferConfig(**blend_kv_transfer_config()),
         )
@@ -131,18 +132,20 @@ def main() -> None:
                         help="also run cacheblend selecting single tokens instead of spans (same engine, same run)")
     parser.add_argument("--engine-full-prefill", action="store_true",
                         help="also run the vLLM engine's full_prefill mode (plain vLLM on the engine's own thread)")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="both systems compute in it")
     args = parser.parse_args()
 
     from workers.vllm.engine import VLLMEngine
 
     model = prepare_default_model()
+    dtype = resolve_dtype(args.dtype, model)
     scratch = Path(tempfile.mkdtemp(prefix="blendserve-vllm-bench-"))
     set_cpu_env(scratch)  # before vllm is imported
     load_before = os.getloadavg()
     rss_start = _rss_gib()
-    plain = PlainVLLM(model, 8192)
+    plain = PlainVLLM(model, 8192, dtype)
     rss_plain = _rss_gib()
-    engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES))
+    engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES), dtype=dtype)
     rss_engine = _rss_gib()
     stop = list(engine.stop_token_ids)
     extra_modes: dict[str, str] = {}  # system name -> the engine mode it runs, after the default blended one
@@ -177,7 +180,7 @@ def main() -> None:
     systems = {name: _summary(rows, name) for name in names}
     plain_ttft = systems["plain_reordered"]["ttft_s_median"]
     result = {
-        "data": str(args.data), "records": len(rows), "offset": args.offset, "ratio": args.ratio,
+        **measured_on(dtype), "data": str(args.data), "records": len(rows), "offset": args.offset, "ratio": args.ratio,
         "max_tokens": args.max_tokens, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
         "rss_gib": {"start": rss_start, "after_plain_vllm": rss_plain, "after_vllm_engine": rss_engine},
         "systems": systems,

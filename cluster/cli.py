@@ -9,6 +9,7 @@ app = typer.Typer(help="blendserve: RAG serving with CacheBlend chunk-KV fusion.
 bench_app = typer.Typer(help="Benchmarks; results go to JSON files.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 log = logging.getLogger("blendserve")
+DTYPE_HELP = "auto (bf16 on CPUs with native bf16, else float32; the model's own on GPU), bfloat16, float16 or float32."
 
 
 @app.command("prepare-model")
@@ -22,16 +23,20 @@ def prepare_model(cache_dir: Path = typer.Option(None, help="Where prepared chec
 @app.command("serve")
 def serve_command(
     config: Path = typer.Option(None, exists=True, dir_okay=False, help="A YAML configuration (default: none)."),
+    dtype: str = typer.Option(None, help=DTYPE_HELP + " Overrides the configuration's model.dtype."),
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible + documents) on Ray Serve until interrupted."""
-    from cluster.config import ConfigError, load_config
+    from cluster.config import ConfigError, config_from_dict, config_to_dict, load_config
     from cluster.server import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         serve_config = load_config(config)
+        if dtype is not None:
+            document = config_to_dict(serve_config)
+            serve_config = config_from_dict({**document, "model": {**document["model"], "dtype": dtype}}, "--dtype")
     except ConfigError as error:
-        raise typer.BadParameter(str(error), param_hint="--config") from None
+        raise typer.BadParameter(str(error), param_hint="--dtype" if dtype is not None else "--config") from None
     log.info("blendserve: serving %s on http://%s:%d", serve_config.model.served_name,
              serve_config.server.host, serve_config.server.port)
     run_server(serve_config)
@@ -52,6 +57,7 @@ def eval_command(
     gradual_filtering: bool = typer.Option(
         False, help="cacheblend narrows at layers 1 and 2 (2r, then r), as in the paper, instead of once at layer 1."
     ),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Compare fusion modes on quality (F1, agreement with full prefill, first-token KL) and TTFT."""
     from workers.evaluation.dataset import load_records
@@ -65,7 +71,10 @@ def eval_command(
     options = FusionOptions(recompute_ratio=ratio, selection_span_tokens=selection_span_tokens)
     if gradual_filtering:
         options = options.with_gradual_filtering()
-    engine = load_engine(model, options=options, chunk_context=chunk_context)
+    try:
+        engine = load_engine(model, dtype, options, chunk_context)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--dtype") from None
     unknown = [m for m in mode_names if m not in engine.modes]
     if unknown:
         raise typer.BadParameter(f"unknown mode(s) {unknown}; choose from {sorted(engine.modes)}", param_hint="--modes")
@@ -74,7 +83,7 @@ def eval_command(
     summaries, precompute_s = evaluate(
         engine, records, runs, max_new_tokens, lambda i, s: log.info("record %d/%d done", i + 1, len(records))
     )
-    document = eval_document(engine.runner.checkpoint.path.name, data, len(records), summaries)
+    document = eval_document(engine.runner.checkpoint.path.name, data, len(records), summaries, engine.dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
     typer.echo(format_table(summaries))

@@ -12,6 +12,7 @@ from kvplane.policy import POLICIES
 from kvplane.tier_spec import TierSpec
 from scheduler.checks import check, check_count, check_non_negative
 from workers.default_model import DEFAULT_MODEL_NAME
+from workers.dtype import AUTO, DTYPE_CHOICES
 from workers.engine import CHUNK_CONTEXTS
 from workers.fusion.registry import FUSION_MODES
 from workers.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
@@ -19,7 +20,6 @@ from workers.vllm.settings import VLLMSettings
 
 GiB = 1 << 30
 MiB = 1 << 20
-DTYPES = ("bfloat16", "float16", "float32")
 ENGINES = ("vllm", "torch")
 BUILTIN_TIER_SCHEMES = ("ram", "device")
 TIER_ROLES: Mapping[str, str] = MappingProxyType(
@@ -40,11 +40,11 @@ class ModelConfig:
 
     path: Path | None = None
     name: str | None = None
-    dtype: str = "bfloat16"
+    dtype: str = AUTO  # auto: bf16 on CPUs with native bf16 (AVX512_BF16/AMX), float32 on others, the model's own on GPU
 
     def __post_init__(self) -> None:
         check(self.name is None or bool(self.name.strip()), "name", "a non-empty string or null", self.name)
-        check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}", self.dtype)
+        check(self.dtype in DTYPE_CHOICES, "dtype", f"one of {DTYPE_CHOICES}", self.dtype)
 
     @property
     def served_name(self) -> str:

@@ -28,6 +28,7 @@ from scheduler.admission import Admission, Rejected
 from scheduler.placement import worker_locations
 from scheduler.router import Router
 from scheduler.scoring import Chunk
+from workers.dtype import dtype_width_bytes
 from workers.kvplane_store import chunk_store_key
 from workers.model_config import ModelConfig
 from workers.prompt import PromptLayout, PromptTemplate
@@ -52,9 +53,8 @@ class Gateway:
         self.config = config
         self.served_model = config.model.served_name
         self.max_context_tokens = model.max_position_embeddings
-        # K and V of one token in every layer, at the configured dtype's width.
-        width_bytes = 4 if config.model.dtype == "float32" else 2
-        self.bytes_per_token = model.num_layers * 2 * model.num_kv_heads * model.head_dim * width_bytes
+        # K and V of one token in every layer, per byte of the workers' dtype (they report it).
+        self.values_per_token = model.num_layers * 2 * model.num_kv_heads * model.head_dim
         prompt = config.prompt
         self.template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
         self.router = Router(config.router)
@@ -141,8 +141,9 @@ class Gateway:
             raise ApiError(503, message, None, "service_unavailable", headers)
         context = prompt.prefix_ids if self.config.engine.chunk_context == "prefix" else []
         fingerprint = members[0].fingerprint
+        bytes_per_token = self.values_per_token * dtype_width_bytes(members[0].report.dtype)
         chunks = [
-            Chunk(chunk_store_key(fingerprint, tenant, ids, context), len(ids) * self.bytes_per_token)
+            Chunk(chunk_store_key(fingerprint, tenant, ids, context), len(ids) * bytes_per_token)
             for ids in prompt.chunk_ids
         ]
         copies = await self._copies([chunk.key for chunk in chunks]) if chunks else {}

@@ -27,6 +27,10 @@ class ServeMetrics:
         self.queue_depth = Gauge("blendserve_queue_depth", "Admitted, unfinished requests per worker", ["worker"], registry=r)
         self.evictions = Gauge("blendserve_kv_evictions", "Chunks evicted so far, per store and tier", ["holder", "tier"], registry=r)
         self.workers_ready = Gauge("blendserve_workers_ready", "Workers with a loaded model", registry=r)
+        self.worker_info = Gauge(
+            "blendserve_worker_info", "1 per ready worker, labelled with its compute dtype and hardware",
+            ["worker", "dtype", "hardware"], registry=r,
+        )
         self.blending_refused = Gauge(
             "blendserve_blending_refused", "1 when the worker's canary gate failed (full prefill only)", ["worker"],
             registry=r,
@@ -58,9 +62,11 @@ class ServeMetrics:
         for (holder, tier), count in evictions.items():
             self.evictions.labels(holder, tier).set(count)
         self.workers_ready.set(len(reports))
+        self.worker_info.clear()
         self.blending_refused.clear()
         self.shadow.clear()
         for worker, report in reports.items():
+            self.worker_info.labels(worker, report.dtype, report.hardware).set(1)
             self.blending_refused.labels(worker).set(int(report.blending_refused))
             for figure, value in report.shadow.items():
                 self.shadow.labels(worker, figure).set(value)

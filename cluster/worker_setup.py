@@ -2,6 +2,7 @@
 import logging
 import os
 import threading
+from pathlib import Path
 
 import ray
 import torch
@@ -19,6 +20,7 @@ from workers.controller import calibrate_controller
 from workers.shadow import ShadowSampler, ShadowSummary
 from workers.checkpoint import load_checkpoint, load_model_card
 from workers.default_model import prepare_default_model
+from workers.dtype import Hardware, resolve_dtype, torch_dtype
 from workers.engine import BlendEngine
 from workers.engine_base import Engine
 from workers.fingerprint import model_fingerprint
@@ -59,16 +61,26 @@ def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tup
     return store, directory
 
 
+def worker_dtype(config: ServeConfig, path: Path) -> str:
+    """The configured dtype made concrete for this machine (the torch engine computes on the CPU)."""
+    vllm = config.engine.kind == "vllm"
+    on_gpu = vllm and config.engine.vllm.device != "cpu" and torch.cuda.is_available()
+    return resolve_dtype(config.model.dtype, path, on_gpu)
+
+
 def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tuple[Worker, str]:
-    """The configured model in the configured engine over `store`, and the model's fingerprint."""
+    """The configured model in the configured engine over `store`, and the KV fingerprint (model and dtype)."""
     path = config.model.path or prepare_default_model()
     vllm = config.engine.kind == "vllm"
+    dtype = worker_dtype(config, path)
+    _log.info("blendserve: worker %s computes in %s (model.dtype %s; %s)", worker_id, dtype, config.model.dtype,
+              Hardware.detect().description)
     if vllm:  # vLLM loads the weights itself: read only the model card here
         _, tokenizer = load_model_card(path)
-        fingerprint = model_fingerprint(path)
+        fingerprint = model_fingerprint(path, dtype)
     else:
         torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
-        checkpoint = load_checkpoint(path, getattr(torch, config.model.dtype))
+        checkpoint = load_checkpoint(path, torch_dtype(dtype))
         tokenizer, fingerprint = checkpoint.tokenizer, checkpoint.fingerprint  # fingerprinting reads every weight
     prompt = config.prompt
     template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
@@ -84,8 +96,7 @@ def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tupl
 
         scratch = config.data_dir.absolute() / "vllm"
         engine: Engine = VLLMEngine(
-            path, scratch, config.engine.vllm, options, chunk_store, template, config.engine.chunk_context,
-            config.model.dtype,
+            path, scratch, config.engine.vllm, options, chunk_store, template, config.engine.chunk_context, dtype,
         )
         fusion = engine.blend
     else:
@@ -114,6 +125,7 @@ class Heartbeat:
         self._worker = worker
         self._store = store
         self._directory = directory
+        self._hardware = Hardware.detect().description
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="blendserve-heartbeat", daemon=True)
         self.beat()
@@ -124,6 +136,8 @@ class Heartbeat:
         evictions = {tier: stats.evictions for tier, stats in self._store.stats().tiers.items() if tier == "device"}
         shadow = self._worker.shadow
         report = WorkerReport(
+            dtype=str(self._worker.engine.dtype).removeprefix("torch."),
+            hardware=self._hardware,
             evictions=evictions,
             blending_refused=self._worker.blending_refused,
             shadow={} if shadow is None else shadow_report(shadow.summary()),

@@ -15,8 +15,10 @@ MEMBERSHIP_ACTOR_NAME = "blendserve-membership"
 
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
-    """What a worker tells with each heartbeat: its cache evictions and its quality guardrails."""
+    """What a worker tells with each heartbeat: how it computes, its cache evictions and its quality guardrails."""
 
+    dtype: str = ""  # the concrete compute dtype, e.g. "bfloat16"
+    hardware: str = ""  # e.g. "cpu AVX2, emulated bf16"
     evictions: dict[str, int] = field(default_factory=dict)  # tier -> chunks evicted so far
     blending_refused: bool = False  # the canary gate failed: the worker serves full prefill only
     shadow: dict[str, float] = field(default_factory=dict)  # shadow-comparison counters and gauges

@@ -44,4 +44,4 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.bfloat16) -> Checkpoi
     for f in weight_files:
         state.update(load_file(str(f)))
     weights = ModelWeights.from_state_dict(config, state, dtype)
-    return Checkpoint(path, config, weights, tokenizer, model_fingerprint(path))
+    return Checkpoint(path, config, weights, tokenizer, model_fingerprint(path, str(dtype).removeprefix("torch.")))

@@ -131,6 +131,11 @@ class BlendEngine(Engine):
         return self.runner.checkpoint.tokenizer
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine computes and caches KV in."""
+        return self.runner.dtype
+
+    @property
     def max_context_tokens(self) -> int:
         """Prompt plus generated tokens the model can attend over."""
         return self.runner.config.max_position_embeddings

@@ -3,6 +3,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 if TYPE_CHECKING:
@@ -29,6 +30,11 @@ class Engine(ABC):
     @abstractmethod
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The served model's tokenizer."""
+
+    @property
+    @abstractmethod
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine computes and caches KV in."""
 
     @property
     @abstractmethod

@@ -1,4 +1,4 @@
-"""The identity of a model for cached KV: a hash over its config, weights and tokenizer files."""
+"""The identity of cached KV: a hash over a model's config, weights and tokenizer files and the compute dtype."""
 from pathlib import Path
 
 import xxhash
@@ -7,9 +7,11 @@ FINGERPRINT_PATTERNS = ("config.json", "*.safetensors", "tokenizer.json", "token
 READ_BLOCK_BYTES = 8 << 20
 
 
-def model_fingerprint(path: Path) -> str:
-    """xxh3-128 over the names and bytes of every file that changes what KV the model computes."""
+def model_fingerprint(path: Path, dtype: str) -> str:
+    """xxh3-128 over the compute dtype and the names and bytes of every file that changes the KV computed."""
     digest = xxhash.xxh3_128()
+    # KV computed in bf16 differs from float32 KV of the same weights: it must never be read as the other.
+    digest.update(b"dtype\0" + dtype.encode() + b"\0")
     files = sorted({f for pattern in FINGERPRINT_PATTERNS for f in Path(path).glob(pattern)})
     for f in files:
         digest.update(f.name.encode() + b"\0")

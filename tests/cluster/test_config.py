@@ -58,6 +58,7 @@ def test_no_file_gives_the_embedded_defaults(tmp_path: Path, monkeypatch: pytest
     config = load_config(None)
     assert config == ServeConfig() == config_from_dict({}) == config_from_dict(None)
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
+    assert config.model.dtype == "auto"  # made concrete by each worker for its own hardware
     assert (config.fusion.mode, config.fusion.recompute_ratio) == ("cacheblend", 0.15)
     assert config.fusion.selection_span_tokens == 16
     assert config.engine.kind == "vllm" and config.model.path is None
@@ -210,3 +211,13 @@ def test_serve_command_refuses_a_bad_configuration_naming_the_field(tmp_path: Pa
     result = CliRunner().invoke(app, ["serve", "--config", str(path)])
     assert result.exit_code != 0
     assert "server.port" in result.output
+
+
+def test_serve_command_refuses_a_bad_dtype(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cluster.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--dtype", "int8"])
+    assert result.exit_code != 0
+    assert "model.dtype" in result.output and "int8" in result.output

@@ -72,15 +72,16 @@ def test_a_chunk_put_on_one_node_is_read_on_the_other(shards: dict[str, ActorHan
 
 
 def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle], make_entry: EntryFactory) -> None:
-    entries = [make_entry(seed) for seed in range(100, 110)]
+    # Node ids (and so each key's home shard) are new at every Ray start: pick keys that land on both sides.
+    victim = shard_name(node_ids()[0])
+    candidates = [make_entry(seed) for seed in range(100, 200)]
+    lost = [e for e in candidates if home_shard(e.key, shards) == victim][:5]
+    kept = [e for e in candidates if home_shard(e.key, shards) != victim][:5]
+    assert len(lost) == len(kept) == 5
     directory = ShardDirectory.discover(index=ray.get_actor(INDEX_ACTOR_NAME, namespace=RAY_NAMESPACE))
     with open_worker_store(1, directory) as writer:
-        for entry in entries:
+        for entry in [*lost, *kept]:
             writer.put(entry)
-    victim = shard_name(node_ids()[0])
-    lost = [e for e in entries if home_shard(e.key, shards) == victim]
-    kept = [e for e in entries if home_shard(e.key, shards) != victim]
-    assert lost and kept
     ray.kill(shards[victim], no_restart=True)
     with pytest.raises(RayActorError):  # the kill lands asynchronously; wait until calls fail
         while True:

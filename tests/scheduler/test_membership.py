@@ -15,7 +15,7 @@ class Clock:
 def test_members_expire_without_heartbeats_and_return_when_heard_again():
     clock = Clock()
     membership = Membership(timeout_s=5.0, now_s=clock)
-    membership.heartbeat("w2", "node-a", "fp", WorkerReport({"device": 3}))
+    membership.heartbeat("w2", "node-a", "fp", WorkerReport(evictions={"device": 3}))
     membership.heartbeat("w1", "node-a", "fp", WorkerReport())
     assert [m.worker_id for m in membership.members()] == ["w1", "w2"]
     clock.now_s += 4.0

@@ -79,10 +79,16 @@ def test_mixed_hits_reorder_and_repeat(engine: BlendEngine, qa_records: list[dic
     documents, question = qa_records[0]["documents"], qa_records[0]["question"]
     engine.precompute(engine.layout([documents[0], documents[2]], question))  # documents[1] stays a miss
     stored_before = len(engine.store)
+    prompt = engine.layout(documents, question)
     reference = ask(engine, documents, question, "full_prefill")
-    for mode in ("full_reuse", "epic", "cachecraft", "prefix_cache"):
-        assert ask(engine, documents, question, mode).token_ids
-    assert len(engine.store) == stored_before + 1  # the miss was written back
+    first = ask(engine, documents, question, "full_reuse")
+    hits = len(prompt.prefix_ids) + len(prompt.chunk_ids[0]) + len(prompt.chunk_ids[2])
+    assert first.stats.reused_tokens == hits  # the prefix and the two cached chunks; the miss was computed
+    assert len(engine.store) == stored_before + 1  # and written back
+    for mode in ("full_reuse", "epic", "cachecraft"):
+        again = ask(engine, documents, question, mode)
+        assert again.stats.reused_tokens == again.stats.context_tokens  # every chunk hits now
+    assert_same_answer(ask(engine, documents, question, "epic", 1.0), reference)  # epic recomputing all is exact
     assert_same_answer(ask(engine, documents, question, "cacheblend", 1.0), reference)
 
     reordered = documents[::-1]

@@ -1,13 +1,19 @@
 """The evaluation's JSON document and its printed table."""
 from pathlib import Path
 
+import torch
+
+from workers.dtype import measured_on
+
 COLUMNS = ("f1", "agreement_f1", "first_token_kl", "ttft_s_median", "ttft_s_mean", "context_tokens_mean",
            "recomputed_fraction")
 
 
-def eval_document(model: str, data: Path, num_records: int, modes: dict[str, dict[str, float]]) -> dict:
-    """The result in the documented shape."""
-    return {"model": model, "data": str(data), "records": num_records, "modes": modes}
+def eval_document(
+    model: str, data: Path, num_records: int, modes: dict[str, dict[str, float]], dtype: torch.dtype
+) -> dict:
+    """The result in the documented shape, with the dtype and the hardware it was measured on."""
+    return {"model": model, **measured_on(dtype), "data": str(data), "records": num_records, "modes": modes}
 
 
 def format_table(modes: dict[str, dict[str, float]]) -> str:

@@ -41,7 +41,7 @@ class VLLMEngine(Engine):
         store: ChunkStore | None = None,
         template: PromptTemplate | None = None,
         chunk_context: str = "prefix",
-        dtype: str = "bfloat16",
+        dtype: str = "bfloat16",  # concrete (workers.dtype.resolve_dtype makes "auto" so)
     ) -> None:
         self.settings = settings
         self.max_concurrent_jobs = settings.max_concurrent_jobs
@@ -62,6 +62,11 @@ class VLLMEngine(Engine):
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The served model's tokenizer."""
         return self.blend.tokenizer
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype vLLM and the fusion compute and cache KV in."""
+        return self.blend.runner.dtype
 
     @property
     def max_context_tokens(self) -> int:

@@ -44,12 +44,12 @@ def set_cpu_env(scratch: Path, in_process: bool = True, num_threads: int | None 
 
 
 def llm_kwargs(
-    model_path: Path, max_model_len: int = 8192, with_connector: bool = True, **overrides: Any
+    model_path: Path, dtype: str, max_model_len: int = 8192, with_connector: bool = True, **overrides: Any
 ) -> dict[str, Any]:
     """Keyword arguments of vllm.LLM for a CPU engine; prefix caching off so fused KV never enters vLLM's cache."""
     kwargs: dict[str, Any] = {
         "model": str(model_path),
-        "dtype": "bfloat16",
+        "dtype": dtype,
         "enforce_eager": True,
         "gpu_memory_utilization": 0.3,
         "max_model_len": max_model_len,

@@ -40,8 +40,9 @@ def shared_checkpoint(
 ) -> Checkpoint:
     """The checkpoint's config and tokenizer with weights that are vLLM's own tensors (nothing read from disk)."""
     config, loaded = load_model_card(path)
-    tokenizer = tokenizer or loaded
-    return Checkpoint(Path(path), config, shared_weights(model, config.vocab_size), tokenizer, model_fingerprint(path))
+    weights = shared_weights(model, config.vocab_size)
+    dtype = str(weights.embed.dtype).removeprefix("torch.")
+    return Checkpoint(Path(path), config, weights, tokenizer or loaded, model_fingerprint(path, dtype))
 
 
 def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -83,7 +84,7 @@ class VLLMModuleRunner(ModelRunner):
         qkv, _ = self._layers[layer].self_attn.qkv_proj(x)
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q, k = self._rope(positions.to(qkv.device), q, k)  # in place
+        q, k = self._rope(positions.to(qkv.device), q, k)  # in place on CPU, new tensors in the native fallback
         heads = (cfg.num_heads, cfg.num_kv_heads, cfg.num_kv_heads)
         return tuple(x.reshape(-1, n, cfg.head_dim) for x, n in zip((q, k, v), heads))
 
@@ -94,9 +95,9 @@ class VLLMModuleRunner(ModelRunner):
             return k
         if not 0 < delta_positions < self._rope.max_position_embeddings:  # outside vLLM's table
             return super().rerotate_keys(k, delta_positions)
-        moved = k.reshape(k.shape[0], -1).clone()  # [T, H_kv * D], rotated in place
+        flat = k.reshape(k.shape[0], -1).clone()  # [T, H_kv * D]; the CPU kernel rotates it in place
         deltas = torch.full((k.shape[0],), delta_positions, dtype=torch.long, device=k.device)
-        self._rope(deltas, moved)
+        moved, _ = self._rope(deltas, flat)  # the returned tensor: other implementations rotate out of place
         return moved.view(k.shape)
 
     @torch.inference_mode()

@@ -7,6 +7,8 @@ from typer.testing import CliRunner
 
 from cluster.cli import app
 from tests.workers.conftest import DATA_DIR
+from workers.default_model import prepare_default_model
+from workers.dtype import measured_on, resolve_dtype
 
 SUMMARY_KEYS = {"f1", "agreement_f1", "first_token_kl", "ttft_s_median", "ttft_s_mean", "context_tokens_mean",
                 "recomputed_fraction"}
@@ -19,8 +21,9 @@ def test_eval_writes_the_documented_json(tmp_path: Path) -> None:
                                       "--max-new-tokens", "4", "--out", str(out)])
     assert result.exit_code == 0, result.output
     document = json.loads(out.read_text())
-    assert set(document) == {"model", "data", "records", "modes"}
+    assert set(document) == {"model", "dtype", "hardware", "data", "records", "modes"}
     assert document["records"] == 1 and document["model"] == "SmolLM2-135M-Instruct"
+    assert document == {**document, **measured_on(resolve_dtype("auto", prepare_default_model(), on_gpu=False))}
     assert set(document["modes"]) == {"full_prefill", "full_reuse", "cacheblend"}
     for mode, row in document["modes"].items():
         assert set(row) == SUMMARY_KEYS
@@ -33,12 +36,13 @@ def test_eval_writes_the_documented_json(tmp_path: Path) -> None:
     assert "cacheblend" in result.output
 
 
-def test_eval_refuses_an_unknown_mode(tmp_path: Path) -> None:
+def test_eval_refuses_an_unknown_mode_and_dtype(tmp_path: Path) -> None:
     data = DATA_DIR / "hotpotqa_hipporag.dev.jsonl"
-    result = CliRunner().invoke(app, ["eval", "--data", str(data), "--limit", "1", "--modes", "nonsense",
-                                      "--out", str(tmp_path / "x.json")])
-    assert result.exit_code != 0
-    assert "nonsense" in result.output
+    for option, value in (("--modes", "nonsense"), ("--dtype", "int8")):
+        result = CliRunner().invoke(app, ["eval", "--data", str(data), "--limit", "1", option, value,
+                                          "--out", str(tmp_path / "x.json")])
+        assert result.exit_code != 0
+        assert value in result.output
 
 
 def test_eval_gradual_filtering_recomputes_twice_the_ratio_at_the_check_layer(tmp_path: Path) -> None:

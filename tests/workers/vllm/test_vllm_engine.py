@@ -11,14 +11,15 @@ if importlib.util.find_spec("vllm") is None:
 
 from vllm import SamplingParams as VLLMSamplingParams  # noqa: E402
 
-from tests.workers.vllm.conftest import DATA_FILE  # noqa: E402
+from tests.workers.vllm.conftest import DATA_FILE, LOGPROB_ATOL  # noqa: E402
 from workers.engine import BlendRequest  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
-from workers.rope import rerotate  # noqa: E402
 from workers.sampling import SamplingParams  # noqa: E402
 from workers.vllm import handoff  # noqa: E402
 
 NUM_TOKENS = 12
+# vLLM's float32 angle table vs blendserve's float64 one, on keys of magnitude ~10: measured <= 5.4e-4.
+ROTATION_ATOL, ROTATION_RTOL = 2e-3, 1e-4
 MUSIQUE_FILE = DATA_FILE.with_name("musique_cacheblend.dev.jsonl")
 
 
@@ -54,28 +55,31 @@ def test_full_prefill_mode_is_plain_vllm(vllm_engine, llm, records) -> None:
         assert stats.ttft_s > 0 and torch.isfinite(stats.first_token_logprobs).sum() == 5
 
 
-def test_vllm_rotary_kernel_moves_cached_keys_and_rotates_fresh_ones_like_blendserve(vllm_engine, bf16_runner) -> None:
-    # The fusion's RoPE is vLLM's rotary module (bf16 cos/sin table, one fused kernel): within bf16 rounding of
-    # blendserve's float32 rotation, for fresh Q/K and for cached keys moved by any delta.
-    runner, cfg = vllm_engine.blend.runner, vllm_engine.blend.runner.config
+def test_vllm_rotary_kernel_moves_cached_keys_and_rotates_fresh_ones_like_blendserve(vllm_engine, runner) -> None:
+    # Keys computed at positions p and moved by d equal keys computed at p + d (vLLM's rotary kernel for
+    # 0 < d < its table, blendserve's rotation otherwise); the fresh Q/K/V of vLLM's modules equal blendserve's.
+    # float32: the two differ only in rounding (vLLM's angle table is float32, blendserve's float64).
+    ours, cfg = vllm_engine.blend.runner, vllm_engine.blend.runner.config
     torch.manual_seed(0)
-    keys = torch.randn(300, cfg.num_kv_heads, cfg.head_dim).to(torch.bfloat16) * 4
+    h = torch.randn(40, cfg.hidden_size)
+    base = torch.arange(900, 940)
+    for fresh, reference in zip(ours.qkv(3, h, base), runner.qkv(3, h, base)):
+        torch.testing.assert_close(fresh, reference, atol=ROTATION_ATOL, rtol=ROTATION_RTOL)
+    _, keys, _ = ours.qkv(3, h, base)
     before = keys.clone()
-    for delta in (1, 777, 5000, -40):
-        torch.testing.assert_close(runner.rerotate_keys(keys, delta).float(), rerotate(keys, runner.inv_freq, delta).float(),
-                                   atol=0.07, rtol=0.02)
-    assert runner.rerotate_keys(keys, 0) is keys and torch.equal(keys, before)  # never rotated in place
-    h = torch.randn(40, cfg.hidden_size).to(torch.bfloat16)
-    positions = torch.arange(900, 940)
-    for ours, theirs in zip(runner.qkv(3, h, positions), bf16_runner.qkv(3, h, positions)):
-        torch.testing.assert_close(ours.float(), theirs.float(), atol=0.1, rtol=0.05)
+    for delta in (1, 777, 5000, -40, -900):
+        _, expected, _ = runner.qkv(3, h, base + delta)
+        torch.testing.assert_close(ours.rerotate_keys(keys, delta), expected, atol=ROTATION_ATOL, rtol=ROTATION_RTOL)
+    assert torch.equal(keys, before)  # never rotated in place
+    assert ours.rerotate_keys(keys, 0) is keys
+    assert not torch.allclose(ours.rerotate_keys(keys, 1), keys, atol=0.1)  # a move by one position is visible
 
 
-def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine, llm) -> None:
+def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine) -> None:
     # r = 1.0 recomputes every context token (blendserve's layer loop on vLLM's modules and attention kernel)
-    # and injects it; vLLM prefills the question. Only bf16 arithmetic differs from vLLM's own prefill, so
-    # the first token's log-prob stays within 0.12 and any later divergence must be a near-tie: at the first
-    # differing step, the blended token is plain vLLM's runner-up, within 0.5 nats of its choice.
+    # and injects it; vLLM prefills the question. In float32 only the order of float32 operations differs
+    # from vLLM's own prefill: the first token and the first 8 tokens match on every record, at least 7 of 8
+    # records give the same 12 tokens (measured: 8 of 8, first-token log-prob gaps <= 5e-6).
     same = 0
     for docs, question in _records(DATA_FILE, 8, 4):
         vllm_engine.store_documents(docs, "ratio1")
@@ -84,20 +88,11 @@ def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine, llm) ->
         assert stats.reused_tokens > 0  # cached chunks were loaded and injected
         a, b = plain_stats.first_token_logprobs, stats.first_token_logprobs
         top = int(a.argmax())
-        assert float(a[top] - a[int(b.argmax())]) < 0.05  # plain's choice, or a token it ties with at bf16
-        assert abs(float(a[top] - b[top])) < 0.12
-        step = next((i for i, (x, y) in enumerate(zip(plain, blended)) if x != y), None)
-        if step is None:
-            same += 1
-            continue
-        prompt = vllm_engine.blend.layout(docs, question).token_ids
-        params = VLLMSamplingParams(max_tokens=step + 1, temperature=0, logprobs=2)
-        ranked = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0].logprobs[step]
-        assert blended[step] in ranked, (step, ranked)
-        assert ranked[plain[step]].logprob - ranked[blended[step]].logprob < 0.5, (step, ranked)
-    # measured: 6 of 8 identical for all 12 tokens; the 4th record's first token is an exact tie in plain vLLM
-    # (two tokens at -2.527) that either side may break, and any divergence is held to a near-tie above
-    assert same >= 5
+        assert top == int(b.argmax())
+        assert abs(float(a[top] - b[top])) < LOGPROB_ATOL
+        assert blended[:8] == plain[:8]
+        same += blended == plain
+    assert same >= 7
     assert handoff.num_held() == 0
 
 
@@ -130,9 +125,8 @@ def test_concurrent_blended_requests_are_batched_and_answer_like_one_at_a_time(v
     assert all(result is not None and len(result) > 0 for result in results)
     assert vllm_engine.peak_running > 1  # vLLM decoded several requests in the same steps
     same = sum(r == a for r, a in zip(results, alone))
-    # Batched bf16 kernels may flip a near-tie late in an answer; the first tokens must agree everywhere.
-    assert same >= len(requests) - 1
-    assert all(r[:4] == a[:4] for r, a in zip(results, alone))
+    # float32: batching changes only the order of float32 operations, far below any gap between tokens.
+    assert same == len(requests)
 
 
 def test_early_close_aborts_the_request(vllm_engine, records) -> None:
