@@ -1,13 +1,24 @@
 """HTTP API request models: OpenAI-compatible, extended with `documents` and `blend`; parsing and errors."""
+import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cluster.config import LimitsConfig, field_problems
 from workers.fusion.registry import FUSION_MODES
 
 MAX_STOP_SEQUENCES = 4
 MAX_TEMPERATURE = 2.0
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's int64 seeds; larger ones would overflow the samplers
 _ONE_QUESTION = (
     "must be the only message: the API answers one user question over the documents; system messages and "
     "earlier turns are not supported yet (the configured prompt template supplies the instruction)"
@@ -34,7 +45,8 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The error object the `openai` client parses."""
-        error = {"message": self.message, "type": "invalid_request_error", "param": self.param, "code": self.code}
+        kind = "invalid_request_error" if self.status_code < 500 else "server_error"
+        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         return {"error": error}
 
 
@@ -188,9 +200,23 @@ class _GenerationRequest(_Request):
 
     @field_validator("stop")
     @classmethod
-    def _stop_sequences(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _stop_sequences(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         if len(value) > MAX_STOP_SEQUENCES or not all(value):
-            raise ValueError(f"must be at most {MAX_STOP_SEQUENCES} non-empty strings, got {list(value)}")
+            shown = [s[:40] for s in value[: MAX_STOP_SEQUENCES + 1]]
+            raise ValueError(f"must be at most {MAX_STOP_SEQUENCES} non-empty strings, got {shown}")
+        # Every generated token is checked against every stop string: their length bounds that work.
+        limit = _limits(info).max_stop_chars
+        longest = max((len(s) for s in value), default=0)
+        if longest > limit:
+            raise ValueError(f"each stop string must be at most {limit} characters, got one of {longest}")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int | None) -> int | None:
+        low, high = SEED_RANGE
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"must be a 64-bit integer in [{low}, {high}]")
         return value
 
     @field_validator("n")
@@ -206,6 +232,12 @@ class _GenerationRequest(_Request):
         if value not in (None, 0.0):
             raise ValueError(f"must be 0 or absent (penalties are not supported), got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> "_GenerationRequest":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options must be absent unless stream is true (as OpenAI's API requires)")
+        return self
 
     @property
     def include_usage(self) -> bool:
@@ -313,11 +345,38 @@ def api_error(error: ValidationError) -> ApiError:
     return ApiError(400, "; ".join(f"{path}: {problem}" for path, problem in problems), problems[0][0])
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object names the same key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object hook: a dict, unless a key repeats (which would silently keep the last value)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _check_json_shape(body: bytes) -> None:
+    """Refuse duplicate object keys and nesting too deep to parse; other JSON errors are pydantic's to name."""
+    try:
+        json.loads(body, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as error:
+        raise ApiError(400, f"body: the key {str(error)[:80]!r} appears twice in one JSON object", None) from None
+    except RecursionError:
+        raise ApiError(400, "body: is not valid JSON (nested too deeply)", None) from None
+    except ValueError:  # malformed JSON or bytes that are no text: pydantic's message names the problem
+        pass
+
+
 def parse_request(request_type: type[RequestT], body: bytes, limits: LimitsConfig) -> RequestT:
     """Validate a raw JSON body against `request_type` and the configured limits (size first: 413)."""
     if len(body) > limits.max_request_body_bytes:
         message = f"body: {len(body)} bytes exceed the limit of {limits.max_request_body_bytes} bytes"
         raise ApiError(413, message, None, "request_too_large")
+    _check_json_shape(body)
     try:
         return request_type.model_validate_json(body, context={"limits": limits})
     except ValidationError as error:

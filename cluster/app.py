@@ -1,7 +1,10 @@
 """The Ray Serve application: a FastAPI ingress in front of worker replicas; `build_app` is its import path."""
 import asyncio
+import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -13,10 +16,13 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from cluster.api_models import ApiError, ChatCompletionRequest, CompletionRequest
+from cluster.auth import KeyRing, check_exposure, load_api_keys
 from cluster.cluster_view import RayClusterView, ServeWorkers
 from cluster.config import ServeConfig, config_from_dict, config_to_dict
+from cluster.edge import Edge
 from cluster.gateway import Gateway
 from cluster.pinned_router import PinnedRequestRouter
+from cluster.responses import stream_error
 from cluster.worker_setup import start_worker
 from scheduler.autoscaling import AutoscalingPolicy, serve_autoscaling_config
 from scheduler.serve_policy import TtftWindow
@@ -27,6 +33,7 @@ from workers.worker import Event, Finished, Job
 
 T = TypeVar("T")
 _END = object()
+_log = logging.getLogger(__name__)
 
 api = FastAPI(title="blendserve", summary="OpenAI-compatible RAG serving with CacheBlend chunk-KV fusion")
 
@@ -38,27 +45,32 @@ def _error_response(error: ApiError) -> JSONResponse:
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 @serve.ingress(api)
 class Ingress:
-    """HTTP edge: each route hands the raw request to the Gateway and turns its answer into a response."""
+    """HTTP edge: each route passes the Edge's checks, hands the body to the Gateway and answers what it returns."""
 
     def __init__(self, workers: DeploymentHandle, config: dict[str, Any]) -> None:
         serve_config = config_from_dict(config)
         model, tokenizer = load_model_card(serve_config.model.path or prepare_default_model())
+        self.edge = Edge.from_config(serve_config)
         self.gateway = Gateway(serve_config, model, tokenizer, ServeWorkers(workers), RayClusterView())
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
-        return await self._complete("chat", ChatCompletionRequest, request)
+        return await self._answer("chat", request, partial(self.gateway.complete, ChatCompletionRequest))
 
     @api.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
-        return await self._complete("completions", CompletionRequest, request)
+        return await self._answer("completions", request, partial(self.gateway.complete, CompletionRequest))
 
     @api.post("/v1/documents")
     async def documents(self, request: Request) -> Response:
-        return await self._answer("documents", self._store_documents(request))
+        return await self._answer("documents", request, self.gateway.store_documents)
 
     @api.get("/v1/models")
-    async def models(self) -> Response:
+    async def models(self, request: Request) -> Response:
+        try:
+            self.edge.check_key(request.headers)
+        except ApiError as error:
+            return _error_response(error)
         return JSONResponse(self.gateway.models().model_dump())
 
     @api.get("/healthz")
@@ -71,42 +83,35 @@ class Ingress:
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     @api.get("/metrics")
-    async def metrics(self) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        try:
+            self.edge.check_key(request.headers, metrics=True)
+        except ApiError as error:
+            return _error_response(error)
         return Response(await self.gateway.render_metrics(), media_type="text/plain; version=0.0.4")
 
-    async def _complete(self, endpoint: str, kind: type, request: Request) -> Response:
-        return await self._answer(endpoint, self._generate(kind, request))
-
-    async def _generate(self, kind: type, request: Request) -> Any:
-        return await self.gateway.complete(kind, await self._body(request), request.headers)
-
-    async def _store_documents(self, request: Request) -> Any:
-        return await self.gateway.store_documents(await self._body(request), request.headers)
-
-    async def _body(self, request: Request) -> bytes:
-        """The raw body; a declared length over the limit is refused before it is read."""
-        limit = self.gateway.config.limits.max_request_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            message = f"body: {declared} bytes exceed the limit of {limit} bytes"
-            raise ApiError(413, message, None, "request_too_large")
-        return await request.body()
-
-    async def _answer(self, endpoint: str, work: Any) -> Response:
-        """Await the gateway; API errors become their 4xx/5xx, a stream becomes server-sent events."""
+    async def _answer(self, endpoint: str, request: Request, work: Callable[[bytes, str], Awaitable[Any]]) -> Response:
+        """Check the caller and read the body, await the gateway; errors become 4xx/5xx, a stream becomes SSE."""
         counter = self.gateway.metrics.requests
         try:
-            answer = await work
+            tenant, body = await self.edge.enter(request)
         except ApiError as error:
             counter.labels(endpoint, str(error.status_code)).inc()
             return _error_response(error)
+        try:
+            answer = await work(body, tenant)
         except Exception as error:  # a worker died or failed mid-request: the ingress stays up
-            counter.labels(endpoint, "503").inc()
-            return _error_response(ApiError(503, f"the worker failed: {type(error).__name__}", None, "worker_error"))
+            self.edge.leave(tenant)
+            refusal = stream_error(error)
+            if not isinstance(error, ApiError):
+                _log.warning("blendserve: %s request failed: %r", endpoint, error)
+            counter.labels(endpoint, str(refusal.status_code)).inc()
+            return _error_response(refusal)
         counter.labels(endpoint, "200").inc()
         if isinstance(answer, BaseModel):
+            self.edge.leave(tenant)
             return JSONResponse(answer.model_dump(mode="json"))
-        return StreamingResponse(answer, media_type="text/event-stream")
+        return StreamingResponse(self.edge.leave_after(answer, tenant), media_type="text/event-stream")
 
 
 @serve.deployment(request_router_config=RequestRouterConfig(request_router_class=PinnedRequestRouter))
@@ -146,11 +151,23 @@ class WorkerDeployment:
 
 async def _in_thread(items: Iterator[T]) -> AsyncIterator[T]:
     """Drive a blocking iterator from a worker thread, closing it however the consumer stops."""
+    # A cancelled consumer (the client went away) leaves a step running in its thread; closing waits for that
+    # step under the lock, so the generator is closed, never closed while it runs, and stops generating.
+    stepping = threading.Lock()
+
+    def step() -> T | object:
+        with stepping:
+            return next(items, _END)
+
+    def close() -> None:
+        with stepping:
+            items.close()
+
     try:
-        while (item := await asyncio.to_thread(next, items, _END)) is not _END:
+        while (item := await asyncio.to_thread(step)) is not _END:
             yield item
     finally:
-        await asyncio.to_thread(items.close)
+        await asyncio.to_thread(close)
 
 
 def worker_options(config: ServeConfig) -> dict[str, Any]:
@@ -175,5 +192,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     """The application `serve run cluster.app:build_app` or a RayService `import_path` loads."""
     config = config_from_dict(args)
     plain = config_to_dict(config)
+    check_exposure(config.server, KeyRing(load_api_keys(config.server)))
     workers = WorkerDeployment.options(**worker_options(config)).bind(plain)
-    return Ingress.bind(workers, plain)
+    # Health checks and 429s must get through while streams run: Serve's default of 5 would queue them.
+    return Ingress.options(max_ongoing_requests=config.server.max_ongoing_requests).bind(workers, plain)

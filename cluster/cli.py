@@ -27,6 +27,7 @@ def serve_command(
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible + documents) on Ray Serve until interrupted."""
     from cluster.config import ConfigError, config_from_dict, config_to_dict, load_config
+    from cluster.auth import AuthConfigError
     from cluster.server import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -39,7 +40,10 @@ def serve_command(
         raise typer.BadParameter(str(error), param_hint="--dtype" if dtype is not None else "--config") from None
     log.info("blendserve: serving %s on http://%s:%d", serve_config.model.served_name,
              serve_config.server.host, serve_config.server.port)
-    run_server(serve_config)
+    try:
+        run_server(serve_config)
+    except AuthConfigError as error:
+        raise typer.BadParameter(str(error), param_hint="--config") from None
 
 
 @app.command("eval")

@@ -67,8 +67,15 @@ class ServeWorkers:
         self._handle = handle
 
     async def stream(self, job: Job, worker_id: str) -> AsyncIterator[Event]:
-        async for event in self._handle.options(stream=True).stream.remote(job, worker_id=worker_id):
-            yield event
+        response = self._handle.options(stream=True).stream.remote(job, worker_id=worker_id)
+        finished = False
+        try:
+            async for event in response:
+                yield event
+            finished = True
+        finally:
+            if not finished:  # the client went away (or the stream failed): the worker stops generating for it
+                response.cancel()
 
     async def store_documents(self, documents: list[str], namespace: str, worker_id: str) -> list[StoredChunk]:
         return await self._handle.store_documents.remote(documents, namespace, worker_id=worker_id)

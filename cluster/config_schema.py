@@ -10,7 +10,7 @@ import fsspec
 
 from kvplane.policy import POLICIES
 from kvplane.tier_spec import TierSpec
-from scheduler.checks import check, check_count, check_non_negative
+from scheduler.checks import check, check_count, check_non_negative, check_positive
 from workers.default_model import DEFAULT_MODEL_NAME
 from workers.dtype import AUTO, DTYPE_CHOICES
 from workers.engine import CHUNK_CONTEXTS
@@ -154,22 +154,52 @@ class WorkerConfig:
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Where the HTTP API listens and the tenant of requests that name none."""
+    """Where the HTTP API listens, who may call it (API keys) and how much one tenant may hold."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     default_tenant: str = "default"
-    # API key -> tenant. Empty: no key is required and the X-Tenant header (or the default) names the tenant.
+    # API key -> tenant, inline (for local use: the configuration reaches every replica). Deployments name an
+    # environment variable or a secret file holding the same mapping (YAML or JSON) instead.
     api_keys: Mapping[str, str] = field(default_factory=dict)
+    api_keys_env: str | None = None
+    api_keys_file: str | None = None
+    # Without any key the API is open; that is refused on a non-loopback host unless this says so.
+    allow_unauthenticated: bool = False
+    # Open mode only: take the tenant from X-Tenant (a trusted proxy in front sets it); else X-Tenant is refused.
+    trust_tenant_header: bool = False
+    metrics_require_key: bool = True  # with keys, GET /metrics needs one too
+    max_ongoing_requests: int = 256  # at the ingress; admission and the tenant quota bound the real work
+    body_timeout_s: float = 30.0  # a request body slower than this gets 408 and frees its slot
+    max_requests_in_flight_per_tenant: int = 32
+    # Share of each cache tier one tenant may fill while other tenants hold entries there (1.0: no bound).
+    tenant_cache_share: float = 0.5
 
     def __post_init__(self) -> None:
         check(bool(self.host), "host", "a non-empty string", self.host)
         check(isinstance(self.port, int) and 1 <= self.port <= 65535, "port", "an int in [1, 65535]", self.port)
         check(is_tenant_name(self.default_tenant), "default_tenant", TENANT_RULE, self.default_tenant)
-        for key, tenant in self.api_keys.items():
-            check(len(key) >= 8, "api_keys", "keys of at least 8 characters", f"{key[:2]}...")
-            check(is_tenant_name(tenant), f"api_keys[{key[:2]}...]", TENANT_RULE, tenant)
+        check_api_keys(self.api_keys, "api_keys")
         object.__setattr__(self, "api_keys", MappingProxyType(dict(self.api_keys)))
+        for name in ("api_keys_env", "api_keys_file"):
+            value = getattr(self, name)
+            check(value is None or bool(value.strip()), name, "a non-empty string or null", value)
+        check_count("max_ongoing_requests", self.max_ongoing_requests, 1)
+        check_positive("body_timeout_s", self.body_timeout_s)
+        check_count("max_requests_in_flight_per_tenant", self.max_requests_in_flight_per_tenant, 1)
+        check(0.0 < self.tenant_cache_share <= 1.0, "tenant_cache_share", "in (0, 1]", self.tenant_cache_share)
+
+
+MIN_API_KEY_CHARS = 8
+
+
+def check_api_keys(keys: Mapping[str, str], field_name: str) -> None:
+    """Keys of at least MIN_API_KEY_CHARS characters, each naming a valid tenant (keys never echoed whole)."""
+    for key, tenant in keys.items():
+        shown = f"{str(key)[:2]}..."
+        check(isinstance(key, str) and len(key) >= MIN_API_KEY_CHARS, field_name,
+              f"keys of at least {MIN_API_KEY_CHARS} characters", shown)
+        check(isinstance(tenant, str) and is_tenant_name(tenant), f"{field_name}[{shown}]", TENANT_RULE, tenant)
 
 
 TENANT_RULE = "1 to 64 letters, digits, '-', '_' or '.'"
@@ -189,6 +219,7 @@ class LimitsConfig:
     max_request_body_bytes: int = 4 * MiB
     max_tokens: int = 1024
     default_max_tokens: int = 256
+    max_stop_chars: int = 256  # per stop string: each generated token is checked against them
 
     def __post_init__(self) -> None:
         check_count("max_documents", self.max_documents, 0)

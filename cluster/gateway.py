@@ -1,10 +1,13 @@
-"""The ingress's logic: parse, resolve the tenant, route by cache affinity, admit, run on a worker, respond."""
+"""The ingress's logic: parse, route by cache affinity, admit, run on a worker, respond."""
+import asyncio
 import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -20,9 +23,8 @@ from cluster.api_responses import ChatCompletion, Completion, DocumentsResponse,
 from cluster.cluster_view import ClusterView, Copies, WorkerClient
 from cluster.config import ServeConfig
 from cluster.metrics import ServeMetrics
-from cluster.prompting import check_context_length, prepare_request
+from cluster.prompting import PreparedRequest, check_context_length, prepare_request
 from cluster.responses import ResponseFrame, collect, sse
-from cluster.tenancy import tenant_of
 from kvplane.shard import SHARD_NAME_PREFIX
 from scheduler.admission import Admission, Rejected
 from scheduler.placement import worker_locations
@@ -35,6 +37,7 @@ from workers.prompt import PromptLayout, PromptTemplate
 from workers.worker import Event, Finished, Job
 
 NO_WORKER_RETRY_AFTER_S = 5
+T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
 
@@ -64,38 +67,28 @@ class Gateway:
         self.cluster = cluster
         self.tokens_in_flight: dict[str, int] = defaultdict(int)
         self.created = int(time.time())
+        # One thread: parsing and tokenizing leave the event loop, and the tokenizer is never used concurrently.
+        self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blendserve-parse")
 
     async def complete(
-        self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, headers: Mapping[str, str]
+        self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, tenant: str
     ) -> ChatCompletion | Completion | AsyncIterator[bytes]:
-        """A chat or text completion: the whole response, or server-sent events when `stream` is set."""
-        request = parse_request(kind, body, self.config.limits)
-        check_model(request.model, self.served_model)
-        tenant = tenant_of(headers, self.config.server)
-        prepared = prepare_request(request, self.config)
-        blend = replace(prepared.blend, namespace=tenant)
-        prompt = self.template.layout(blend.documents, blend.question)
-        field = "messages" if kind is ChatCompletionRequest else "prompt"
-        max_new_tokens = blend.sampling.max_new_tokens
-        check_context_length(len(prompt.token_ids), max_new_tokens, self.max_context_tokens, field)
-        cost = len(prompt.token_ids) + max_new_tokens
+        """A chat or text completion for `tenant`: the whole response, or server-sent events when `stream` is set."""
+        # Parsing and tokenizing take milliseconds per request: off the event loop, so health checks and
+        # other streams keep flowing while a burst of requests is read.
+        prepared, prompt = await self._off_loop(self._prepare_completion, kind, body, tenant)
+        cost = len(prompt.token_ids) + prepared.blend.sampling.max_new_tokens
         worker_id = await self._admit(prompt, tenant, cost)
-        events = self._run(Job(blend, prepared.stop), worker_id, cost)
+        events = self._run(Job(prepared.blend, prepared.stop), worker_id, cost)
         frame = ResponseFrame(kind is ChatCompletionRequest, self.served_model)
         if prepared.stream:
             return sse(frame, events, prepared.include_usage)
         text, finished = await collect(events)
         return frame.complete(text, finished)
 
-    async def store_documents(self, body: bytes, headers: Mapping[str, str]) -> DocumentsResponse:
-        """Compute and keep the KV of documents ahead of requests (idempotent)."""
-        request = parse_request(DocumentsRequest, body, self.config.limits)
-        check_model(request.model, self.served_model)
-        tenant = tenant_of(headers, self.config.server)
-        texts = [document.text for document in request.documents]
-        prompt = self.template.layout(texts, "")
-        for i, ids in enumerate(prompt.chunk_ids):
-            check_context_length(len(prompt.prefix_ids) + len(ids), 0, self.max_context_tokens, f"documents[{i}].text")
+    async def store_documents(self, body: bytes, tenant: str) -> DocumentsResponse:
+        """Compute and keep the KV of documents ahead of requests (idempotent), under `tenant`."""
+        request, texts, prompt = await self._off_loop(self._prepare_documents, body)
         cost = len(prompt.token_ids)
         worker_id = await self._admit(prompt, tenant, cost)
         start_s = time.monotonic()
@@ -111,6 +104,32 @@ class Gateway:
             for document, chunk in zip(request.documents, stored)
         ]
         return DocumentsResponse(data=data)
+
+    async def _off_loop(self, work: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._parser, work, *args)
+
+    def _prepare_completion(
+        self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, tenant: str
+    ) -> tuple[PreparedRequest, PromptLayout]:
+        """Parse, check and lay out a completion request of `tenant` (4xx on a bad one); runs in a thread."""
+        request = parse_request(kind, body, self.config.limits)
+        check_model(request.model, self.served_model)
+        prepared = prepare_request(request, self.config)
+        blend = replace(prepared.blend, namespace=tenant)
+        prompt = self.template.layout(blend.documents, blend.question)
+        field = "messages" if kind is ChatCompletionRequest else "prompt"
+        check_context_length(len(prompt.token_ids), blend.sampling.max_new_tokens, self.max_context_tokens, field)
+        return replace(prepared, blend=blend), prompt
+
+    def _prepare_documents(self, body: bytes) -> tuple[DocumentsRequest, list[str], PromptLayout]:
+        """Parse, check and lay out a documents upload (4xx on a bad one); runs in a thread."""
+        request = parse_request(DocumentsRequest, body, self.config.limits)
+        check_model(request.model, self.served_model)
+        texts = [document.text for document in request.documents]
+        prompt = self.template.layout(texts, "")
+        for i, ids in enumerate(prompt.chunk_ids):
+            check_context_length(len(prompt.prefix_ids) + len(ids), 0, self.max_context_tokens, f"documents[{i}].text")
+        return request, texts, prompt
 
     def models(self) -> ModelList:
         """The one served model."""

@@ -1,4 +1,6 @@
 """OpenAI-shaped responses and server-sent stream chunks from a worker's events."""
+import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,9 +18,13 @@ from cluster.api_responses import (
     CompletionChoice,
     Usage,
 )
+from cluster.api_models import ApiError
 from workers.worker import Event, Finished, TextDelta
 
 DONE = b"data: [DONE]\n\n"
+WORKER_FAILED_RETRY_AFTER_S = 2  # a dead replica leaves routing within a heartbeat timeout; most retries land well
+
+_log = logging.getLogger(__name__)
 
 
 def blend_stats(finished: Finished) -> BlendStats:
@@ -90,20 +96,34 @@ async def collect(events: AsyncIterator[Event]) -> tuple[str, Finished]:
 
 async def sse(frame: ResponseFrame, events: AsyncIterator[Event], include_usage: bool) -> AsyncIterator[bytes]:
     """Server-sent events: a role chunk (chat), the deltas, the closing chunk, usage if asked, [DONE]."""
-    if frame.chat:
-        opening = ChatCompletionChunk(
-            id=frame.id, created=frame.created, model=frame.model,
-            choices=[ChatChunkChoice(delta=ChunkDelta(role="assistant", content=""))],
-        )
-        yield _event(opening)
-    async for event in events:
-        if isinstance(event, TextDelta):
-            yield _event(frame.chunk(event.text))
-            continue
-        yield _event(frame.chunk(None if frame.chat else "", event))
-        if include_usage:
-            yield _event(frame.usage_chunk(event))
+    # The status line (200) is sent with the first event, so a later failure can only be told as an event:
+    # an `error` object (which the openai client raises), then [DONE] so no client waits for more.
+    try:
+        if frame.chat:
+            opening = ChatCompletionChunk(
+                id=frame.id, created=frame.created, model=frame.model,
+                choices=[ChatChunkChoice(delta=ChunkDelta(role="assistant", content=""))],
+            )
+            yield _event(opening)
+        async for event in events:
+            if isinstance(event, TextDelta):
+                yield _event(frame.chunk(event.text))
+                continue
+            yield _event(frame.chunk(None if frame.chat else "", event))
+            if include_usage:
+                yield _event(frame.usage_chunk(event))
+    except Exception as error:
+        _log.warning("blendserve: stream %s failed after it started: %r", frame.id, error)
+        yield b"data: " + json.dumps(stream_error(error).body()).encode() + b"\n\n"
     yield DONE
+
+
+def stream_error(error: Exception) -> ApiError:
+    """The error a failed request reports: its own if it is an API error, else the worker's failure (503)."""
+    if isinstance(error, ApiError):
+        return error
+    message = f"the worker failed: {type(error).__name__}; retry the request"
+    return ApiError(503, message, None, "worker_error", {"Retry-After": str(WORKER_FAILED_RETRY_AFTER_S)})
 
 
 def _event(chunk: ChatCompletionChunk | Completion) -> bytes:

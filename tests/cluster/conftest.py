@@ -15,6 +15,7 @@ SERVE_CONFIG = {
     "admission": {"max_queued_per_worker": 2, "initial_service_time_s": 2.0},
     "guardrails": {"shadow_fraction": 1.0},  # every blended request is also compared with full prefill
     "limits": {"max_documents": 8, "max_tokens": 64, "default_max_tokens": 16, "max_request_body_bytes": 65536},
+    "server": {"trust_tenant_header": True},  # tenants by X-Tenant, as a trusted proxy in front would set it
 }
 READY_TIMEOUT_S = 240
 
@@ -25,11 +26,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_ready(base_url: str, num_workers: int) -> None:
+def _wait_ready(base_url: str, num_workers: int, headers: dict[str, str] | None = None) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         try:
-            metrics = httpx.get(f"{base_url}/metrics", timeout=5).text
+            metrics = httpx.get(f"{base_url}/metrics", timeout=5, headers=headers).text
             if f"blendserve_workers_ready {float(num_workers)}" in metrics:
                 return
         except httpx.HTTPError:
@@ -39,8 +40,9 @@ def _wait_ready(base_url: str, num_workers: int) -> None:
 
 
 @contextmanager
-def running_app(root: Path, config: dict[str, Any]) -> Iterator[str]:
+def running_app(root: Path, config: dict[str, Any], headers: dict[str, str] | None = None) -> Iterator[str]:
     """Ray, Serve and the app under `root` with `config`; yields the base URL once every worker is ready."""
+    # `headers` go with the readiness probe (an API key when the app requires one for /metrics).
     import ray
     from ray import serve
     from ray._private import ray_constants
@@ -58,7 +60,7 @@ def running_app(root: Path, config: dict[str, Any]) -> Iterator[str]:
             serve.run(build_app({**config, "data_dir": str(root / "data")}), name="blendserve",
                       route_prefix="/", blocking=False)
             base_url = f"http://127.0.0.1:{port}"
-            _wait_ready(base_url, config["workers"]["num_replicas"])
+            _wait_ready(base_url, config["workers"]["num_replicas"], headers)
             yield base_url
         finally:
             serve.shutdown()

@@ -305,3 +305,42 @@ def test_a_prompt_longer_than_the_context_is_refused_naming_the_field() -> None:
 )
 def test_text_is_cut_at_the_earliest_stop_sequence(text: str, stop: tuple[str, ...], expected: tuple) -> None:
     assert truncate_at_stop(text, stop) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "expected"),
+    [
+        ({**USER, "stop": ["x" * 200_000] * 4}, "stop", "each stop string must be at most 256 characters"),
+        ({**USER, "stop": "x" * 257}, "stop", "got one of 257"),
+        ({**USER, "stream_options": {"include_usage": True}}, "stream_options", "must be absent unless stream"),
+        ({**USER, "stream": False, "stream_options": {}}, "stream_options", "must be absent unless stream"),
+        ({**USER, "seed": 1 << 63}, "seed", "must be a 64-bit integer"),
+        ({**USER, "seed": -(1 << 63) - 1}, "seed", "must be a 64-bit integer"),
+        ({**USER, "seed": 10**100}, "seed", ""),
+    ],
+)
+def test_unbounded_or_inconsistent_options_are_refused(body: dict[str, Any], param: str, expected: str) -> None:
+    error = refused(body)
+    assert error.status_code == 400 and error.param == param and expected in error.message
+
+
+def test_bounded_options_are_accepted() -> None:
+    body = openai_body(**USER, stop=["x" * 256] * 4, seed=(1 << 63) - 1, stream=True, stream_options={})
+    request = parse_request(ChatCompletionRequest, body, LIMITS)
+    assert request.seed == (1 << 63) - 1 and len(request.stop) == 4
+    assert parse_request(ChatCompletionRequest, openai_body(**USER, seed=-(1 << 63)), LIMITS).seed == -(1 << 63)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"messages": [{"role": "user", "content": "q"}], "max_tokens": 1, "max_tokens": 900}', "'max_tokens' appears twice"),
+        (b'{"messages": [{"role": "user", "content": "q", "content": "r"}]}', "'content' appears twice"),
+        (b'{"messages": [], "documents": [{"text": "a", "text": "b"}]}', "'text' appears twice"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"messages": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", "body: "),
+    ],
+)
+def test_duplicate_keys_and_deep_nesting_are_refused(raw: bytes, expected: str) -> None:
+    error = refused(raw)
+    assert error.status_code == 400 and error.message.startswith("body: ") and expected in error.message

@@ -66,7 +66,7 @@ def request_body() -> bytes:
 def test_no_ready_worker_is_a_503_with_retry_after(card):
     with pytest.raises(ApiError) as caught:
         gate = gateway(card, ScriptedCluster([]), ScriptedWorkers())
-        asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
+        asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert caught.value.status_code == 503 and caught.value.headers["Retry-After"] == "5"
 
 
@@ -74,7 +74,7 @@ def test_the_worker_holding_the_chunks_gets_the_request(card):
     members = [Member("w-a", "n1", "fp"), Member("w-b", "n1", "fp")]
     workers = ScriptedWorkers()
     gate = gateway(card, ScriptedCluster(members, "w-b"), workers)
-    response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
+    response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert workers.calls == ["w-b"]
     assert response.blend.worker == "w-b" and response.choices[0].message.content == "Paris"
 
@@ -84,7 +84,7 @@ def test_a_failing_worker_frees_its_queue_slot(card):
     gate = gateway(card, ScriptedCluster(members), ScriptedWorkers(fail=True))
     for _ in range(3):
         with pytest.raises(ConnectionError):
-            asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
+            asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert gate.admission.num_queued("w-a") == 0 and gate.tokens_in_flight["w-a"] == 0
 
 
@@ -92,6 +92,6 @@ def test_a_dead_location_index_routes_cold_instead_of_failing(card):
     members = [Member("w-a", "n1", "fp"), Member("w-b", "n1", "fp")]
     workers = ScriptedWorkers()
     gate = gateway(card, ScriptedCluster(members, "w-b", index_down=True), workers)
-    response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), {}))
+    response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert response.choices[0].message.content == "Paris" and len(workers.calls) == 1
     assert 'blendserve_routes_total{reason="cold"} 1.0' in gate.metrics.render().decode()

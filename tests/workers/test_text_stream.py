@@ -1,4 +1,6 @@
 """Streaming detokenization on the real tokenizer: deltas add up to the answer and never show a stop string."""
+import time
+
 import pytest
 
 from workers.text_stream import TextStream
@@ -35,3 +37,16 @@ def test_text_that_only_starts_like_a_stop_string_is_released(tokenizer):
     deltas, stream = _stream(tokenizer, "Answer: Paris. Answ", stop=("Answer: London",))
     assert "".join(deltas) == "Answer: Paris. Answ"
     assert not stream.stopped
+
+
+def test_long_stop_strings_cost_linear_work_per_token(tokenizer):
+    # Text that keeps matching a long prefix of every stop string, the worst case of the held-back check.
+    stops = tuple("ab" * 25_000 + tail for tail in "cdef")
+    stream = TextStream(tokenizer, stops)
+    token_ids = tokenizer("ab" * 30, add_special_tokens=False).input_ids
+    start_s = time.monotonic()
+    deltas = [stream.push(t) for t in token_ids]
+    elapsed_s = time.monotonic() - start_s
+    assert not any(deltas) and not stream.stopped  # everything may still become a stop string: held back
+    assert stream.finish() == "ab" * 30
+    assert elapsed_s < 1.0, f"{len(token_ids)} tokens took {elapsed_s:.1f} s"
