@@ -22,6 +22,7 @@ from cluster.api_models import (
 from cluster.api_responses import ChatCompletion, Completion, DocumentsResponse, ModelCard, ModelList, StoredDocument
 from cluster.cluster_view import ClusterView, Copies, WorkerClient
 from cluster.config import ServeConfig
+from cluster.kv_metrics import KVMetrics
 from cluster.metrics import ServeMetrics
 from cluster.prompting import PreparedRequest, check_context_length, prepare_request
 from cluster.responses import ResponseFrame, collect, sse
@@ -63,6 +64,7 @@ class Gateway:
         self.router = Router(config.router)
         self.admission = Admission(config.admission)
         self.metrics = ServeMetrics()
+        self.kv_metrics = KVMetrics(self.metrics.registry)
         self.workers = workers
         self.cluster = cluster
         self.tokens_in_flight: dict[str, int] = defaultdict(int)
@@ -149,6 +151,7 @@ class Gateway:
             _log.warning("blendserve: a shard did not report its stats", exc_info=True)
         queues = {m.worker_id: self.admission.num_queued(m.worker_id) for m in members}
         self.metrics.set_state(queues, evictions, {m.worker_id: m.report for m in members})
+        await self.kv_metrics.scrape({m.worker_id: m.report.kv for m in members})
         return self.metrics.render()
 
     async def _admit(self, prompt: PromptLayout, tenant: str, cost: int) -> str:

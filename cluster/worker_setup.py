@@ -8,6 +8,7 @@ import ray
 import torch
 
 from cluster.config import GuardrailsConfig, ServeConfig
+from kvplane.health import tier_events
 from kvplane.index_reporter import IndexReporter
 from kvplane.location_index import launch_location_index
 from kvplane.shard import ShardConfig, ensure_local_shard
@@ -46,9 +47,11 @@ def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tup
             ssd_url=None if ssd is None else ssd.url,
             ssd_capacity_bytes=0 if ssd is None else ssd.capacity_bytes,
             policy=(ram or ssd).policy,
+            tenant_share=config.server.tenant_cache_share,
         )
         ensure_local_shard(shard, index)
-        directory = ShardDirectory.discover(index)
+        # The heartbeat's refresh starts this node's shard again should it be killed for good.
+        directory = ShardDirectory.discover(index, keep_local=shard)
     store = open_worker_store(
         device_capacity_bytes=0 if device is None else device.capacity_bytes,
         directory=directory,
@@ -57,6 +60,7 @@ def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tup
         # Sent at once: the router should see a chunk in this worker before the answer reaches the client.
         listener=IndexReporter(index, worker_id, tiers=frozenset({"device"}), interval_s=0.0),
         local_node_id=node_id,
+        tenant_share=config.server.tenant_cache_share,
     )
     return store, directory
 
@@ -141,6 +145,7 @@ class Heartbeat:
             evictions=evictions,
             blending_refused=self._worker.blending_refused,
             shadow={} if shadow is None else shadow_report(shadow.summary()),
+            kv=tier_events(self._store.stats()),
         )
         self._membership.heartbeat.remote(*self._args, report)
 

@@ -1,5 +1,8 @@
 """Tiers on an fsspec filesystem: any URL (s3://, gs://, ...), plus a fast path for local disk."""
+import logging
+import os
 import posixpath
+import time
 import uuid
 from contextlib import contextmanager
 from collections.abc import Iterator
@@ -12,16 +15,34 @@ from kvplane.buffers import host_view, new_blob, owned_blob
 from kvplane.keys import is_chunk_key, key_dir, key_path
 from kvplane.tier import TierError
 
+TEMPORARY_MARK = ".tmp-"
+DEFAULT_TIMEOUT_S = 3.0
+_S3_PROTOCOLS = ("s3", "s3a")
+
+_log = logging.getLogger(__name__)
+
 
 class FsspecTier:
     """Blobs as objects under a root URL; one PUT per blob (object stores publish PUTs atomically)."""
 
-    def __init__(self, name: str, capacity_bytes: int, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        capacity_bytes: int,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.name = name
         self.capacity_bytes = capacity_bytes
         self.url = url
         # No listings cache: other nodes write to shared buckets, and a cached listing would hide them.
-        self._fs, self._root = fsspec.core.url_to_fs(url, **{"use_listings_cache": False, **(storage_options or {})})
+        protocol = url.split("://", 1)[0]
+        options = with_timeouts(protocol, {"use_listings_cache": False, **(storage_options or {})}, timeout_s)
+        self._fs, self._root = fsspec.core.url_to_fs(url, **options)
+        if protocol in _S3_PROTOCOLS:
+            # s3fs retries five times on top of botocore's tries and takes no option for it: one try here.
+            self._fs.retries = 1
 
     def put(self, key: str, blob: torch.Tensor) -> None:
         """Write the blob in one request."""
@@ -64,18 +85,46 @@ class FsspecTier:
         return posixpath.join(self._root, key_path(key))
 
 
+def with_timeouts(protocol: str, options: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Storage options with bounded calls: an S3 endpoint that hangs costs `timeout_s` per try, two tries at most."""
+    # botocore waits 60 s to connect and 60 s per read by default, and s3fs retries five times on top:
+    # a stalled endpoint would hold a request for minutes. Options given explicitly win.
+    if protocol not in _S3_PROTOCOLS:
+        return options
+    retries = {"max_attempts": 2, "mode": "standard"}
+    config = {"connect_timeout": timeout_s, "read_timeout": timeout_s, "retries": retries}
+    return {**options, "config_kwargs": {**config, **options.get("config_kwargs", {})}}
+
+
 class LocalFileTier(FsspecTier):
     """Local disk (`file://`): writes go to a temp file renamed into place; reads land in one buffer."""
 
     def put(self, key: str, blob: torch.Tensor) -> None:
         """Write beside the target, then rename: a crash mid-write never leaves a partial entry at `key`."""
         path = self._path(key)
-        temp = f"{path}.tmp-{uuid.uuid4().hex}"
+        temp = f"{path}{TEMPORARY_MARK}{uuid.uuid4().hex}"
         with _as_tier_error(self.name):
             self._fs.makedirs(posixpath.dirname(path), exist_ok=True)
             with self._fs.open(temp, "wb") as file:
                 file.write(host_view(blob))
             self._fs.mv(temp, path)
+
+    def sweep_temporaries(self, older_than_s: float) -> int:
+        """Delete temporary files of writes that never finished (older than `older_than_s`); returns how many."""
+        deadline_s = time.time() - older_than_s
+        removed = 0
+        for folder, _dirs, names in os.walk(self._root):
+            for name in names:
+                path = os.path.join(folder, name)
+                try:
+                    if TEMPORARY_MARK in name and os.stat(path).st_mtime <= deadline_s:
+                        os.remove(path)
+                        removed += 1
+                except FileNotFoundError:  # finished (renamed) or swept by someone else meanwhile
+                    continue
+        if removed:
+            _log.warning("kvplane: tier %s swept %d temporary files of interrupted writes", self.name, removed)
+        return removed
 
     def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
         """Bytes `[start, end)` read straight into a fresh tensor (no intermediate bytes object)."""

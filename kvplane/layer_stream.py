@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvplane.buffers import copy_bytes, host_view, new_blob
+from kvplane.buffers import clone_bytes, copy_bytes, host_view, new_blob
 from kvplane.codec import HEADER_PROBE_BYTES, ChunkHeader, CodecError, decode_layer, header_span, parse_header
 from kvplane.level import Level
 
@@ -67,11 +67,13 @@ def stream_layers(
     promote: Callable[[torch.Tensor, int], None],
 ) -> Iterator[torch.Tensor]:
     """Layers in order from `levels[index]`, falling back to lower levels for a lost or damaged one."""
-    # A chunk served from below the top is assembled as it streams (before the caller can overwrite a
-    # layer) and handed to `promote(blob, level index)` at the end.
-    staging = _staging(header, head) if index > 0 else None
+    # A chunk served from below the top is collected as it streams (copies taken before the caller can
+    # overwrite a layer) and handed to `promote(blob, level index)` at the end. Nothing is allocated from
+    # the header's claims: a forged header with a valid checksum meets a checked layer read first.
+    promoting = index > 0
+    copies: list[torch.Tensor] = []
     source = header
-    for layer_index, offset in enumerate(header.layer_offsets):
+    for layer_index in range(header.num_layers):
         layer = _read_layer(levels[index], key, header, source, layer_index)
         while layer is None:
             found = find_header(levels, key, index + 1, header)
@@ -79,11 +81,11 @@ def stream_layers(
                 raise ChunkLost(f"{key}: layer {layer_index} is gone from every tier")
             index, source, _ = found
             layer = _read_layer(levels[index], key, header, source, layer_index)
-        if staging is not None:
-            copy_bytes(staging[offset : offset + header.layer_nbytes], layer.reshape(-1).view(torch.uint8))
+        if promoting:
+            copies.append(clone_bytes(layer.reshape(-1).view(torch.uint8)))
         yield layer
-    if staging is not None:
-        promote(staging, index)
+    if promoting:
+        promote(_assemble(header, head, copies), index)
 
 
 def _complete_head(level: Level, key: str, head: torch.Tensor) -> torch.Tensor:
@@ -108,10 +110,12 @@ def _read_layer(level: Level, key: str, header: ChunkHeader, source: ChunkHeader
         return None
 
 
-def _staging(header: ChunkHeader, head: torch.Tensor) -> torch.Tensor:
-    """A blob to assemble the streamed chunk in, its header region filled from `head`."""
-    staging = new_blob(header.total_bytes)
+def _assemble(header: ChunkHeader, head: torch.Tensor, layers: list[torch.Tensor]) -> torch.Tensor:
+    """The whole blob from its header region (`head`, zero-padded) and its checked layers."""
+    blob = new_blob(header.total_bytes)
     known = min(head.numel(), header.data_offset)
-    copy_bytes(staging[:known], head[:known])
-    copy_bytes(staging[known : header.data_offset], torch.zeros(header.data_offset - known, dtype=torch.uint8))
-    return staging
+    copy_bytes(blob[:known], head[:known])
+    copy_bytes(blob[known : header.data_offset], torch.zeros(header.data_offset - known, dtype=torch.uint8))
+    for offset, layer in zip(header.layer_offsets, layers):
+        copy_bytes(blob[offset : offset + header.layer_nbytes], layer)
+    return blob

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvplane.breaker import Breaker
 from kvplane.codec import CodecError
 from kvplane.policy import EvictionPolicy
 from kvplane.stats import TierStats
@@ -19,7 +20,10 @@ _log = logging.getLogger(__name__)
 class Level:
     """Admission, counters and listener events around one tier; a TierError reads as absence."""
 
-    # Policy state and counters are guarded by `lock`; tier I/O runs outside it.
+    # Policy state and counters are guarded by `lock`; tier I/O runs outside it. Reads and writes each
+    # have a breaker: a tier that fails (an endpoint gone, a full disk) is skipped for a growing backoff
+    # instead of costing every request a timeout. An entry the policy holds but the tier has lost (deleted
+    # behind the store's back) is forgotten when a read finds it gone, so the next write puts it back.
 
     def __init__(self, tier: Tier, policy: EvictionPolicy, listener: PlacementListener) -> None:
         self.tier = tier
@@ -27,14 +31,25 @@ class Level:
         self.stats = TierStats()
         self.lock = threading.Lock()
         self._listener = listener
+        self._reads = Breaker()
+        self._writes = Breaker()
 
     @property
     def name(self) -> str:
         """The tier's name."""
         return self.tier.name
 
+    @property
+    def is_down(self) -> bool:
+        """Whether reads or writes of this tier are being skipped after failures."""
+        return self._reads.is_open or self._writes.is_open
+
     def place(self, key: str, blob: torch.Tensor, priority: float) -> tuple[bool, list[str]]:
         """Offer `blob` through the policy: whether the tier holds it now, and the keys it evicted."""
+        if not self._writes.allows():
+            with self.lock:
+                self.stats.skipped += 1
+            return False, []
         with self.lock:
             if self.policy.contains(key):
                 return True, []
@@ -50,20 +65,29 @@ class Level:
         except TierError as err:
             with self.lock:
                 self.policy.remove(key)
-            self.count_error(err)
+            self._failed(self._writes, "writes", err)
             return False, victims
+        self._succeeded(self._writes, "writes")
         with self.lock:
             self.stats.bytes_written += blob.numel()
         self._listener(key, self.name, blob.numel())
         return True, victims
 
     def fetch(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
-        """Bytes `[start, end)` of `key`, or None if absent or the backend failed."""
-        try:
-            return self.tier.read(key, start, end)
-        except TierError as err:
-            self.count_error(err)
+        """Bytes `[start, end)` of `key`, or None if absent, the backend failed or the tier is skipped."""
+        if not self._reads.allows():
+            with self.lock:
+                self.stats.skipped += 1
             return None
+        try:
+            data = self.tier.read(key, start, end)
+        except TierError as err:
+            self._failed(self._reads, "reads", err)
+            return None
+        self._succeeded(self._reads, "reads")
+        if data is None:
+            self._check_vanished(key)
+        return data
 
     def hit_label(self) -> str:
         """The tier that served this thread's last whole-blob fetch: an inner tier's name, else this one's."""
@@ -85,18 +109,31 @@ class Level:
         with self.lock:
             if self.policy.contains(key):
                 return True
-        try:
-            return self.tier.contains(key)
-        except TierError as err:
-            self.count_error(err)
-            return False
+        return self._tier_contains(key) is True
+
+    def present(self, key: str) -> bool:
+        """Whether the tier really has `key` (asked even when the policy knows it; a lost entry is forgotten)."""
+        found = self._tier_contains(key)
+        if found is False:
+            self._check_vanished(key)
+        return found is True
+
+    def adopt(self, key: str, nbytes: int) -> list[str]:
+        """Take an entry the tier already holds into the policy and report it; returns the keys to evict."""
+        with self.lock:
+            victims = self.policy.admit(key, nbytes, 1.0)
+        if key not in victims:
+            self._listener(key, self.name, nbytes)
+        return victims
 
     def scan(self, prefix: str) -> list[tuple[str, int]]:
         """Keys with `prefix` and their sizes (none if the backend failed)."""
+        if not self._reads.allows():
+            return []
         try:
             return list(self.tier.scan(prefix))
         except TierError as err:
-            self.count_error(err)
+            self._failed(self._reads, "reads", err)
             return []
 
     def forget(self, key: str) -> None:
@@ -126,3 +163,33 @@ class Level:
         _log.warning("kvplane: tier %s failed: %s", self.name, err)
         with self.lock:
             self.stats.errors += 1
+
+    def _tier_contains(self, key: str) -> bool | None:
+        """The tier's answer, or None when it cannot be asked now."""
+        if not self._reads.allows():
+            return None
+        try:
+            return self.tier.contains(key)
+        except TierError as err:
+            self._failed(self._reads, "reads", err)
+            return None
+
+    def _check_vanished(self, key: str) -> None:
+        """A read found nothing: if the policy thought the tier held `key`, it was lost behind the store's back."""
+        with self.lock:
+            if not self.policy.contains(key):
+                return
+            self.policy.remove(key)
+            self.stats.vanished += 1
+        _log.warning("kvplane: %s vanished from tier %s; forgotten, so the next write puts it back", key, self.name)
+        self._listener(key, self.name, 0)
+
+    def _failed(self, breaker: Breaker, calls: str, err: TierError) -> None:
+        backoff_s = breaker.failed()
+        _log.warning("kvplane: tier %s failed (%s); skipping its %s for %.0f s", self.name, err, calls, backoff_s)
+        with self.lock:
+            self.stats.errors += 1
+
+    def _succeeded(self, breaker: Breaker, calls: str) -> None:
+        if breaker.succeeded():
+            _log.warning("kvplane: tier %s %s work again", self.name, calls)

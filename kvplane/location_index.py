@@ -1,4 +1,6 @@
 """Which holder (a worker or a node shard) keeps which chunk keys in which tier; the scheduler reads it."""
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -6,9 +8,11 @@ from dataclasses import dataclass
 import ray
 from ray.actor import ActorHandle
 
-from kvplane.namespace import RAY_NAMESPACE
+from kvplane.namespace import RAY_NAMESPACE, was_restarted
 
 INDEX_ACTOR_NAME = "kvplane-location-index"
+
+_log = logging.getLogger(__name__)
 
 PlacementEvent = tuple[str, str, int]
 """(key, tier, bytes); bytes = 0 means the tier no longer holds the key."""
@@ -29,6 +33,10 @@ class LocationIndex:
     def __init__(self) -> None:
         self._copies: dict[str, dict[tuple[str, str], int]] = {}
         self._keys_by_holder: dict[str, set[str]] = defaultdict(set)
+        self._started_s = time.monotonic()
+        self._restarted = was_restarted()
+        if self._restarted:
+            _log.warning("kvplane: the location index restarted empty; placements refill it as they happen")
 
     def apply(self, holder: str, events: Sequence[PlacementEvent]) -> None:
         """Record a batch of placement events from `holder`, in order."""
@@ -72,6 +80,11 @@ class LocationIndex:
     def holders(self) -> list[str]:
         """Holders with at least one key."""
         return [holder for holder, keys in self._keys_by_holder.items() if keys]
+
+    def describe(self) -> dict[str, float]:
+        """Whether Ray restarted it (it comes back empty), its uptime, and how many keys it knows."""
+        return {"restarted": float(self._restarted), "uptime_s": time.monotonic() - self._started_s,
+                "keys": float(len(self._copies))}
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)

@@ -1,4 +1,6 @@
 """The Ray namespace of blendserve's named actors, so every job and replica of a cluster finds the same ones."""
+import warnings
+
 import ray
 from ray.actor import ActorHandle
 
@@ -15,3 +17,13 @@ def named_actors(prefix: str) -> dict[str, ActorHandle]:
             except ValueError:  # died between listing and lookup
                 continue
     return found
+
+
+def was_restarted() -> bool:
+    """Whether this process is a Ray actor that Ray brought back after it died (False outside an actor)."""
+    try:
+        with warnings.catch_warnings():  # Ray's own property reads a deprecated one of its own
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # not inside an actor: a plain object in tests or tools
+        return False

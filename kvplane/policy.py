@@ -4,6 +4,7 @@ from typing import Protocol
 
 from kvplane.lru import LRUPolicy
 from kvplane.passthrough import PassthroughPolicy
+from kvplane.tenant_share import TenantSharePolicy
 from kvplane.tinylfu import TinyLFUPolicy
 
 
@@ -30,8 +31,11 @@ POLICIES: dict[str, Callable[[int], EvictionPolicy]] = {
 }
 
 
-def make_policy(name: str, capacity_bytes: int) -> EvictionPolicy:
-    """The policy registered under `name`, sized for `capacity_bytes`."""
+def make_policy(name: str, capacity_bytes: int, tenant_share: float = 1.0) -> EvictionPolicy:
+    """The policy registered under `name`, sized for `capacity_bytes`; below 1, `tenant_share` bounds each tenant."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {sorted(POLICIES)}")
-    return POLICIES[name](capacity_bytes)
+    policy = POLICIES[name](capacity_bytes)
+    if tenant_share >= 1.0 or name == "passthrough":  # a passthrough tier keeps its own books
+        return policy
+    return TenantSharePolicy(policy, capacity_bytes, tenant_share)

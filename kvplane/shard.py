@@ -1,6 +1,10 @@
 """KVShard: one node's RAM and SSD tiers, served to the cluster through Ray."""
+import logging
+import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -9,36 +13,50 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvplane.buffers import owned_blob
 from kvplane.index_reporter import IndexReporter
-from kvplane.namespace import RAY_NAMESPACE
+from kvplane.namespace import RAY_NAMESPACE, was_restarted
+from kvplane.node_identity import NodeSlot, claim_slot
 from kvplane.stats import StoreStats
-from kvplane.store import TieredStore
+from kvplane.store import STALE_TEMPORARY_S, TieredStore
 from kvplane.tier_spec import TierSpec
 
 SHARD_NAME_PREFIX = "kvshard-"
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass(slots=True)
 class ShardConfig:
-    """Capacities of a node's shard; the SSD tier lives under `ssd_url/<node id>`."""
+    """Capacities of a node's shard; the SSD tier lives under `ssd_url/<stable node identity>`."""
 
     ram_capacity_bytes: int
     ssd_url: str | None = None
     ssd_capacity_bytes: int = 0
     policy: str = "tinylfu"
     write_back_threads: int = 1
+    tenant_share: float = 1.0  # of each tier, for one tenant while others hold entries there
 
     def __post_init__(self) -> None:
         if self.ram_capacity_bytes < 0 or self.ssd_capacity_bytes < 0:
             raise ValueError("capacities must be >= 0")
         if self.ssd_url is not None and "://" not in self.ssd_url:
             raise ValueError(f"ssd_url needs a scheme such as file://, got {self.ssd_url!r}")
+        if not 0.0 < self.tenant_share <= 1.0:
+            raise ValueError(f"tenant_share must be in (0, 1], got {self.tenant_share}")
 
-    def tier_specs(self, node_id: str) -> list[TierSpec]:
-        """The shard's tiers on node `node_id`, fastest first."""
+    def tier_specs(self, identity: str) -> list[TierSpec]:
+        """The shard's tiers on the node known as `identity`, fastest first."""
         specs = [TierSpec("ram", "ram://", self.ram_capacity_bytes, self.policy)]
         if self.ssd_url is not None:
-            specs.append(TierSpec("ssd", f"{self.ssd_url.rstrip('/')}/{node_id}", self.ssd_capacity_bytes, self.policy))
+            url = f"{self.ssd_url.rstrip('/')}/{identity}"
+            specs.append(TierSpec("ssd", url, self.ssd_capacity_bytes, self.policy))
         return specs
+
+    @property
+    def local_ssd_root(self) -> Path | None:
+        """The SSD folder's parent on this machine, when the SSD tier is a local directory."""
+        if self.ssd_url is None or not self.ssd_url.startswith("file://"):
+            return None
+        return Path(self.ssd_url.removeprefix("file://"))
 
 
 def shard_name(node_id: str) -> str:
@@ -49,15 +67,38 @@ def shard_name(node_id: str) -> str:
 class ShardServer:
     """A node's TieredStore answering the Tier calls with numpy blobs (zero-copy through Ray)."""
 
+    # The SSD folder is named by a stable identity (a slot of this host, see node_identity), not by the
+    # Ray node id, which is new at every Ray start: a restarted node or shard finds its entries again.
+    # Holding the slot alone, the shard sweeps every temporary file of an interrupted write at start.
+
     def __init__(self, config: ShardConfig, node_id: str, index: ActorHandle | None = None) -> None:
         self.name = shard_name(node_id)
+        root = config.local_ssd_root
+        self._slot: NodeSlot | None = None if root is None else claim_slot(root)
+        # Without a local SSD nothing outlives the process, so the actor's name serves as its identity.
+        self.identity = self.name if self._slot is None else self._slot.name
         self._reporter = IndexReporter(index, self.name) if index is not None else None
-        self._store = TieredStore.from_specs(config.tier_specs(node_id), config.write_back_threads, self._reporter)
-        self._store.recover()
+        specs = config.tier_specs(self.identity)
+        self._store = TieredStore.from_specs(specs, config.write_back_threads, self._reporter, config.tenant_share)
+        self.recovered = self._store.recover(0.0 if self._slot is not None else STALE_TEMPORARY_S)
+        self.restarted = was_restarted()
+        self._started_s = time.monotonic()
+        how = "restarted" if self.restarted else "started"
+        _log.warning("kvplane: shard %s %s as %s; %d entries recovered", self.name, how, self.identity, self.recovered)
 
     def ping(self) -> str:
         """The shard's name, once it is up."""
         return self.name
+
+    def describe(self) -> dict[str, object]:
+        """Identity and health: stable identity, process, whether Ray restarted it, entries recovered, uptime."""
+        return {
+            "identity": self.identity,
+            "pid": os.getpid(),
+            "restarted": self.restarted,
+            "recovered": self.recovered,
+            "uptime_s": time.monotonic() - self._started_s,
+        }
 
     def put(self, key: str, blob: np.ndarray) -> None:
         """Store an encoded chunk (copied out of the read-only object-store view into the shard's memory)."""
@@ -105,9 +146,9 @@ class ShardServer:
             self._reporter.flush()
 
 
-@ray.remote(num_cpus=0, max_concurrency=8)
+@ray.remote(num_cpus=0, max_concurrency=8, max_restarts=-1)
 class KVShard(ShardServer):
-    """Ray actor shell over ShardServer: one per node, named `kvshard-<node id>`."""
+    """Ray actor shell over ShardServer: one per node, named `kvshard-<node id>`; Ray restarts it if it dies."""
 
 
 def launch_shards(config: ShardConfig, index: ActorHandle | None = None) -> dict[str, ActorHandle]:

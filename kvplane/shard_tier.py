@@ -15,6 +15,9 @@ from kvplane.shard_directory import ShardDirectory
 
 _UNREACHABLE = object()
 REMOTE = "remote"
+# A call slower than this (a hung or overloaded shard) counts as a miss and takes the shard out of the
+# hashing until the next refresh; a chunk's layer reads take milliseconds.
+SHARD_CALL_TIMEOUT_S = 5.0
 
 
 class ShardTier:
@@ -27,7 +30,7 @@ class ShardTier:
         directory: ShardDirectory,
         name: str = "shard",
         capacity_bytes: int = 1 << 62,
-        timeout_s: float = 30.0,
+        timeout_s: float = SHARD_CALL_TIMEOUT_S,
         local_node_id: str | None = None,
     ) -> None:
         self.name = name

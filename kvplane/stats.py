@@ -16,6 +16,8 @@ class TierStats:
     demotions: int = 0
     corruptions: int = 0
     errors: int = 0
+    skipped: int = 0  # calls not made while the tier was down after failures
+    vanished: int = 0  # entries the policy held that the tier had lost (deleted behind the store's back)
 
     @property
     def hit_rate(self) -> float:
@@ -30,6 +32,8 @@ class StoreStats:
 
     tiers: dict[str, TierStats] = field(default_factory=dict)
     write_back_errors: int = 0
+    write_back_dropped: int = 0  # background writes not queued because the queue was at its bound
+    down: tuple[str, ...] = ()  # tiers being skipped now after failures
 
     def as_dict(self) -> dict[str, object]:
         """Plain nested dict (for JSON and metrics)."""
@@ -37,4 +41,6 @@ class StoreStats:
         return {
             "tiers": tiers,
             "write_back_errors": self.write_back_errors,
+            "write_back_dropped": self.write_back_dropped,
+            "down": list(self.down),
         }

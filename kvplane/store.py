@@ -15,7 +15,9 @@ from kvplane.policy import make_policy
 from kvplane.stats import StoreStats
 from kvplane.tier import Tier
 from kvplane.tier_spec import TierSpec, open_tier
-from kvplane.writeback import WriteBack
+from kvplane.writeback import MAX_PENDING_BYTES, WriteBack
+
+STALE_TEMPORARY_S = 3600.0  # a temporary file this old belongs to a write no process will finish
 
 
 def _ignore_placement(key: str, tier: str, nbytes: int) -> None:
@@ -36,6 +38,8 @@ class TieredStore:
         policies: str | Sequence[str] = "tinylfu",
         write_back_threads: int = 1,
         listener: PlacementListener | None = None,
+        tenant_share: float = 1.0,
+        max_pending_write_bytes: int = MAX_PENDING_BYTES,
     ) -> None:
         names = [policies] * len(tiers) if isinstance(policies, str) else list(policies)
         if not tiers or len(names) != len(tiers):
@@ -43,17 +47,27 @@ class TieredStore:
         if len({tier.name for tier in tiers}) != len(tiers):
             raise ValueError("tier names must be unique")
         report = listener or _ignore_placement
-        self._levels = [Level(tier, make_policy(name, tier.capacity_bytes), report) for name, tier in zip(names, tiers)]
+        self._levels = [
+            Level(tier, make_policy(name, tier.capacity_bytes, tenant_share), report)
+            for name, tier in zip(names, tiers)
+        ]
         self._write_back_errors = 0
         self._errors_lock = threading.Lock()
-        self._writer = WriteBack(write_back_threads, on_error=self._count_write_back_error)
+        self._writer = WriteBack(
+            write_back_threads, on_error=self._count_write_back_error, max_pending_bytes=max_pending_write_bytes
+        )
 
     @classmethod
     def from_specs(
-        cls, specs: Sequence[TierSpec], write_back_threads: int = 1, listener: PlacementListener | None = None
+        cls,
+        specs: Sequence[TierSpec],
+        write_back_threads: int = 1,
+        listener: PlacementListener | None = None,
+        tenant_share: float = 1.0,
     ) -> "TieredStore":
         """A store over the tiers the specs describe, each with its spec's policy."""
-        return cls([open_tier(spec) for spec in specs], [spec.policy for spec in specs], write_back_threads, listener)
+        tiers = [open_tier(spec) for spec in specs]
+        return cls(tiers, [spec.policy for spec in specs], write_back_threads, listener, tenant_share)
 
     @property
     def tier_names(self) -> list[str]:
@@ -71,7 +85,8 @@ class TieredStore:
             raise ValueError(f"blob holds {header.key}, not {key}")
         self._place(0, key, blob, header.priority)
         if len(self._levels) > 1:
-            self._writer.submit(self._write_back, key, blob, header.priority)
+            # Refused when the lower tiers lag too far behind: they miss this chunk, memory stays bounded.
+            self._writer.submit(self._write_back, key, blob, header.priority, nbytes=blob.numel())
 
     def get(self, key: str) -> KVEntry | None:
         """The whole chunk from the fastest tier holding it, or None. The tensor is the caller's own."""
@@ -87,7 +102,8 @@ class TieredStore:
             self._count_hit(index, key, blob.numel())
             if index > 0:
                 # `kv` views `blob` and belongs to the caller now; promotion gets its own copy.
-                self._writer.submit(self._promote, key, clone_bytes(blob), header.priority, index)
+                copy = clone_bytes(blob)
+                self._writer.submit(self._promote, key, copy, header.priority, index, nbytes=copy.numel())
             return KVEntry(key, kv, header.token_ids, header.fingerprint, level.hit_label())
         self._count_miss(key)
         return None
@@ -126,7 +142,7 @@ class TieredStore:
         self._count_hit(index, key, header.total_bytes)
 
         def promote(blob: torch.Tensor, from_index: int) -> None:
-            self._writer.submit(self._promote, key, blob, header.priority, from_index)
+            self._writer.submit(self._promote, key, blob, header.priority, from_index, nbytes=blob.numel())
 
         layers = stream_layers(self._levels, key, index, header, head, promote)
         return LayerStream(header, self._levels[index].name, layers)
@@ -179,15 +195,17 @@ class TieredStore:
             removed.update(keys)
         return len(removed)
 
-    def recover(self) -> int:
-        """Adopt chunks already in the tiers (an SSD after a restart) into the policies; returns how many."""
+    def recover(self, temporaries_older_than_s: float = STALE_TEMPORARY_S) -> int:
+        """Adopt chunks already in the tiers (an SSD after a restart) and report them; returns how many."""
+        # Files of writes a crash interrupted are swept first; a caller owning the tier alone passes 0.
         adopted = 0
         for index, level in enumerate(self._levels):
+            sweep = getattr(level.tier, "sweep_temporaries", None)
+            if sweep is not None:
+                sweep(temporaries_older_than_s)
             for key, nbytes in level.scan(""):
-                with level.lock:
-                    victims = level.policy.admit(key, nbytes, 1.0)
-                for victim in victims:
-                    self._writer.submit(self._demote, index, victim)
+                for victim in level.adopt(key, nbytes):
+                    self._evict(index, victim)
                 adopted += 1
         return adopted
 
@@ -197,7 +215,8 @@ class TieredStore:
         for level in self._levels:
             with level.lock:
                 tiers[level.name] = copy.copy(level.stats)
-        return StoreStats(tiers, self._write_back_errors)
+        down = tuple(level.name for level in self._levels if level.is_down)
+        return StoreStats(tiers, self._write_back_errors, self._writer.dropped, down)
 
     def flush(self) -> None:
         """Wait for background write-backs, promotions and demotions."""
@@ -217,8 +236,13 @@ class TieredStore:
         """Offer `blob` to one level; its evictions move down in the background."""
         admitted, victims = self._levels[index].place(key, blob, priority)
         for victim in victims:
-            self._writer.submit(self._demote, index, victim)
+            self._evict(index, victim)
         return admitted
+
+    def _evict(self, index: int, key: str) -> None:
+        """Demote an evicted key in the background; when the queue is full, drop it here at once."""
+        if not self._writer.submit(self._demote, index, key):
+            self._drop_unless_readmitted(index, key)
 
     def _write_back(self, key: str, blob: torch.Tensor, priority: float) -> None:
         for index in range(1, len(self._levels)):
@@ -238,9 +262,13 @@ class TieredStore:
 
     def _demote(self, index: int, key: str) -> None:
         """Move an evicted key down (unless the next tier holds it already), then drop it here."""
-        level = self._levels[index]
-        if index + 1 < len(self._levels) and not self._levels[index + 1].holds(key):
+        # The next tier is asked, not only its policy: an entry lost behind the store's back is copied again.
+        if index + 1 < len(self._levels) and not self._levels[index + 1].present(key):
             self._move_down(index, key)
+        self._drop_unless_readmitted(index, key)
+
+    def _drop_unless_readmitted(self, index: int, key: str) -> None:
+        level = self._levels[index]
         with level.lock:
             readmitted = level.policy.contains(key)
         if not readmitted:

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from kvplane.fs_tier import FsspecTier, LocalFileTier
+from kvplane.fs_tier import DEFAULT_TIMEOUT_S, FsspecTier, LocalFileTier
 from kvplane.memory_tier import MemoryTier
 from kvplane.policy import POLICIES
 from kvplane.tier import Tier
@@ -20,6 +20,7 @@ class TierSpec:
     capacity_bytes: int
     policy: str = "tinylfu"
     storage_options: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S  # per call to a remote backend (connect, each read)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -30,6 +31,8 @@ class TierSpec:
             raise ValueError(f"capacity_bytes must be >= 0, got {self.capacity_bytes}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {sorted(POLICIES)}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
     @property
     def scheme(self) -> str:
@@ -59,4 +62,4 @@ def open_tier(spec: TierSpec) -> Tier:
     opener = _OPENERS.get(spec.scheme)
     if opener is not None:
         return opener(spec)
-    return FsspecTier(spec.name, spec.capacity_bytes, spec.url, spec.storage_options)
+    return FsspecTier(spec.name, spec.capacity_bytes, spec.url, spec.storage_options, spec.timeout_s)

@@ -15,6 +15,7 @@ def open_worker_store(
     listener: PlacementListener | None = None,
     write_back_threads: int = 2,
     local_node_id: str | None = None,
+    tenant_share: float = 1.0,
 ) -> TieredStore:
     """A worker's store: `device` (HBM, or host memory; skipped at capacity 0), then the shards and objects."""
     tiers: list[Tier] = []
@@ -30,4 +31,4 @@ def open_worker_store(
         policies.append(object_store.policy)
     if not tiers:
         raise ValueError("a worker store needs a device tier, the shards or an object store")
-    return TieredStore(tiers, policies, write_back_threads, listener)
+    return TieredStore(tiers, policies, write_back_threads, listener, tenant_share)

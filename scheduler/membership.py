@@ -22,6 +22,7 @@ class WorkerReport:
     evictions: dict[str, int] = field(default_factory=dict)  # tier -> chunks evicted so far
     blending_refused: bool = False  # the canary gate failed: the worker serves full prefill only
     shadow: dict[str, float] = field(default_factory=dict)  # shadow-comparison counters and gauges
+    kv: dict[str, dict[str, float]] = field(default_factory=dict)  # tier -> kvplane fault events (kvplane.health)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Hostile input over HTTP against a running app with API keys: each gets a clean 4xx naming the problem, the
 caller is checked before the body is read, and the server stays healthy; plus the load findings of one worker."""
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -178,7 +179,13 @@ def test_models_and_metrics_need_a_key(server: str) -> None:
     assert httpx.get(f"{server}/v1/models").status_code == 401
     assert httpx.get(f"{server}/metrics").status_code == 401
     assert httpx.get(f"{server}/v1/models", headers=AUTH).json()["data"][0]["id"] == MODEL
-    assert "blendserve_requests_total" in httpx.get(f"{server}/metrics", headers=AUTH).text
+    metrics = httpx.get(f"{server}/metrics", headers=AUTH).text
+    assert "blendserve_requests_total" in metrics
+    # kvplane's health: the node shard answered, its SSD folder has a stable name, the index is up.
+    assert re.search(r'blendserve_kv_shard_up\{holder="kvshard-[0-9a-f]+"\} 1\.0', metrics)
+    assert re.search(r'blendserve_kv_shard_restarted\{holder="kvshard-[0-9a-f]+",identity="[^"]+"\} 0\.0', metrics)
+    assert 'blendserve_kv_events{event="errors",holder=' in metrics
+    assert 'blendserve_location_index{figure="uptime_s"}' in metrics
     assert httpx.get(f"{server}/healthz").status_code == 200 and httpx.get(f"{server}/readyz").status_code == 200
 
 

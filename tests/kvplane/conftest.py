@@ -16,23 +16,24 @@ BUCKET = "kvcache"
 EntryFactory = Callable[..., KVEntry]
 
 
+def build_entry(
+    seed: int,
+    num_tokens: int = 8,
+    num_layers: int = 3,
+    dtype: torch.dtype = torch.float32,
+    fingerprint: str = FINGERPRINT,
+) -> KVEntry:
+    """A small random chunk entry whose content (and key) is fixed by `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    token_ids = torch.randint(0, 49152, (num_tokens,), generator=generator).tolist()
+    kv = torch.randn(num_layers, 2, num_tokens, 3, 8, generator=generator).to(dtype)
+    return KVEntry(chunk_key(fingerprint, "tenant-a", token_ids), kv, token_ids, fingerprint)
+
+
 @pytest.fixture
 def make_entry() -> EntryFactory:
     """Builds a small random chunk entry whose content (and key) is fixed by `seed`."""
-
-    def build(
-        seed: int,
-        num_tokens: int = 8,
-        num_layers: int = 3,
-        dtype: torch.dtype = torch.float32,
-        fingerprint: str = FINGERPRINT,
-    ) -> KVEntry:
-        generator = torch.Generator().manual_seed(seed)
-        token_ids = torch.randint(0, 49152, (num_tokens,), generator=generator).tolist()
-        kv = torch.randn(num_layers, 2, num_tokens, 3, 8, generator=generator).to(dtype)
-        return KVEntry(chunk_key(fingerprint, "tenant-a", token_ids), kv, token_ids, fingerprint)
-
-    return build
+    return build_entry
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from kvplane.entry import KVEntry
 from kvplane.location_index import INDEX_ACTOR_NAME, launch_location_index
 from kvplane.namespace import RAY_NAMESPACE
-from kvplane.rendezvous import home_shard
 from kvplane.shard import ShardConfig, launch_shards, shard_name
 from kvplane.shard_directory import ShardDirectory
 from kvplane.worker_store import open_worker_store
@@ -63,7 +62,7 @@ def test_a_chunk_put_on_one_node_is_read_on_the_other(shards: dict[str, ActorHan
     node, kv, tier = ray.get(get_as_worker.options(scheduling_strategy=on_node(second)).remote(entry.key))
     assert node == second and tier == "shard"
     assert torch.equal(kv, entry.kv)
-    home = home_shard(entry.key, shards)
+    home, _ = ShardDirectory.discover().home(entry.key)
     assert ray.get(shards[home].locate.remote(entry.key)) == "ram"
     ray.get(shards[home].flush.remote())
     index = ray.get_actor(INDEX_ACTOR_NAME, namespace=RAY_NAMESPACE)
@@ -74,11 +73,11 @@ def test_a_chunk_put_on_one_node_is_read_on_the_other(shards: dict[str, ActorHan
 def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle], make_entry: EntryFactory) -> None:
     # Node ids (and so each key's home shard) are new at every Ray start: pick keys that land on both sides.
     victim = shard_name(node_ids()[0])
-    candidates = [make_entry(seed) for seed in range(100, 200)]
-    lost = [e for e in candidates if home_shard(e.key, shards) == victim][:5]
-    kept = [e for e in candidates if home_shard(e.key, shards) != victim][:5]
-    assert len(lost) == len(kept) == 5
     directory = ShardDirectory.discover(index=ray.get_actor(INDEX_ACTOR_NAME, namespace=RAY_NAMESPACE))
+    candidates = [make_entry(seed) for seed in range(100, 200)]
+    lost = [e for e in candidates if directory.home(e.key)[0] == victim][:5]
+    kept = [e for e in candidates if directory.home(e.key)[0] != victim][:5]
+    assert len(lost) == len(kept) == 5
     with open_worker_store(1, directory) as writer:
         for entry in [*lost, *kept]:
             writer.put(entry)
