@@ -24,17 +24,18 @@ from kvplane.store import TieredStore  # noqa: E402
 from kvplane.tier import Tier  # noqa: E402
 from kvplane.tier_spec import TierSpec, open_tier  # noqa: E402
 from workers.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
-from workers.controller import LoadingController  # noqa: E402
+from workers.loading_controller import LoadingController  # noqa: E402
 from workers.default_model import prepare_default_model  # noqa: E402
 from workers.delay_model import RecomputeDelayModel, calibrate_runner  # noqa: E402
 from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype  # noqa: E402
-from workers.engine import BlendEngine, BlendRequest  # noqa: E402
+from workers.engine_base import BlendRequest  # noqa: E402
+from workers.torch_engine import TorchEngine  # noqa: E402
 from workers.evaluation.dataset import QARecord, load_records  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
 from workers.fusion.base import FusionOptions  # noqa: E402
 from workers.fusion.layer_feed import EagerLoader, PipelinedLoader  # noqa: E402
 from workers.kvplane_store import KVPlaneChunkStore  # noqa: E402
-from workers.loading_controller import ControllerOptions  # noqa: E402
+from workers.load_plan import ControllerOptions  # noqa: E402
 from workers.runner import ModelRunner  # noqa: E402
 from workers.sampling import SamplingParams  # noqa: E402
 
@@ -110,7 +111,7 @@ def main() -> None:
 
 def _references(checkpoint: Checkpoint, records: list[QARecord], sampling: SamplingParams) -> list[dict]:
     """Full-prefill answers (for agreement F1) and TTFTs of every record."""
-    engine = BlendEngine(checkpoint)
+    engine = TorchEngine.from_checkpoint(checkpoint)
     references = []
     for record in records:
         answer = engine.generate(BlendRequest(record.documents, record.question, "full_prefill", sampling=sampling))
@@ -160,11 +161,11 @@ def _run_tier(
 ) -> dict:
     """Store every record's chunks, time a load-only pass, then run each policy on every record `repeats` times."""
     chunk_store = KVPlaneChunkStore(store, checkpoint.fingerprint)
-    writer = BlendEngine(checkpoint, store=chunk_store)
+    writer = TorchEngine.from_checkpoint(checkpoint, store=chunk_store)
     keys = []
     for record in records:
         stored = writer.store_documents(record.documents)  # the chunks and the prompt prefix
-        prefix_ids = writer.layout(record.documents, record.question).prefix_ids
+        prefix_ids = writer.fuser.layout(record.documents, record.question).prefix_ids
         keys.append([chunk_store.key(prefix_ids, [])] + [chunk.key for chunk in stored])
     store.flush()
     load_s = [_load_s(store, record_keys) for record_keys in keys]
@@ -175,7 +176,7 @@ def _run_tier(
         controller = (LoadingController(delays, options=ControllerOptions.from_fusion(options))
                       if policy == "controller" else None)
         loader = EagerLoader() if policy == "no_pipeline" else PipelinedLoader()
-        engine = BlendEngine(checkpoint, options, chunk_store, loader=loader, controller=controller)
+        engine = TorchEngine.from_checkpoint(checkpoint, options, chunk_store, loader=loader, controller=controller)
         warm = records[0]
         engine.generate(BlendRequest(warm.documents, warm.question, "cacheblend", sampling=sampling))  # not timed
         runs = []

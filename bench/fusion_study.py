@@ -11,9 +11,9 @@ from workers.checkpoint import load_checkpoint
 from workers.chunk_store import LocalChunkStore
 from workers.default_model import prepare_default_model
 from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
-from workers.engine import BlendEngine
+from workers.torch_engine import TorchEngine
 from workers.evaluation.dataset import load_records
-from workers.evaluation.evaluate import first_token_kl
+from workers.evaluation.divergence import first_token_kl
 from workers.fusion.base import FusionOptions
 from workers.fusion.deviation import DEVIATION_METRICS, kv_deviation
 from workers.kv_cache import KVCache
@@ -34,7 +34,7 @@ def main() -> None:
     checkpoint = load_checkpoint(model, torch_dtype(resolve_dtype(args.dtype, model, on_gpu=False)))
     stores = {context: LocalChunkStore() for context in ("alone", "prefix")}  # chunk KV does not depend on the metric
     engines = {
-        (context, metric): BlendEngine(  # options as docs/quality.md was measured: single tokens, gradual filtering
+        (context, metric): TorchEngine.from_checkpoint(  # options as docs/quality.md was measured: single tokens, gradual filtering
             checkpoint, FusionOptions(deviation_metric=metric, selection_span_tokens=1).with_gradual_filtering(), store,
             chunk_context=context,
         )
@@ -53,29 +53,31 @@ def main() -> None:
 def measure_record(engines: dict, documents: list[str], question: str, ratio: float, rows: dict) -> None:
     """Full prefill once; per chunk context full_reuse once; per metric the recall and cacheblend."""
     first = next(iter(engines.values()))
-    prompt = first.layout(documents, question)
-    full_cache, full, _ = first.fuse(prompt, "full_prefill", 1.0)
-    full_logprobs = first.runner.logits(full.last_hidden[None])[0].log_softmax(-1)
+    prompt = first.fuser.layout(documents, question)
+    full = first.fuser.fuse(prompt, "full_prefill", 1.0)
+    full_cache = full.cache
+    full_logprobs = first.fuser.runner.logits(full.prefill.last_hidden[None])[0].log_softmax(-1)
     num_context = len(prompt.token_ids) - len(prompt.suffix_ids)
     for context in ("alone", "prefix"):
         engine = engines[(context, DEVIATION_METRICS[0])]
-        engine.precompute(prompt)
-        reuse_cache, reuse, layout = engine.fuse(prompt, "full_reuse", 0.0)
-        add(rows.setdefault(f"{context}/full_reuse", {}), reuse_cache, reuse.last_hidden, full_cache, full_logprobs,
-            engine, num_context)
+        engine.fuser.precompute(prompt)
+        reuse = engine.fuser.fuse(prompt, "full_reuse", 0.0)
+        reuse_cache, layout = reuse.cache, reuse.layout
+        add(rows.setdefault(f"{context}/full_reuse", {}), reuse_cache, reuse.prefill.last_hidden, full_cache,
+            full_logprobs, engine, num_context)
         for metric in DEVIATION_METRICS:
             engine = engines[(context, metric)]
-            engine.precompute(prompt)
+            engine.fuser.precompute(prompt)
             row = rows.setdefault(f"{context}/cacheblend/{metric}", {})
             row.setdefault("hkvd_recall", []).append(hkvd_recall(full_cache, reuse_cache, layout, metric, ratio))
-            cache, blended, _ = engine.fuse(prompt, "cacheblend", ratio)
-            add(row, cache, blended.last_hidden, full_cache, full_logprobs, engine, num_context)
+            blended = engine.fuser.fuse(prompt, "cacheblend", ratio)
+            add(row, blended.cache, blended.prefill.last_hidden, full_cache, full_logprobs, engine, num_context)
 
 
 def add(row: dict, cache: KVCache, last_hidden: torch.Tensor, full_cache: KVCache, full_logprobs: torch.Tensor,
-        engine: BlendEngine, num_context: int) -> None:
+        engine: TorchEngine, num_context: int) -> None:
     """Append first-token KL and mean squared KV error over the context, both against full prefill."""
-    logprobs = engine.runner.logits(last_hidden[None])[0].log_softmax(-1)
+    logprobs = engine.fuser.runner.logits(last_hidden[None])[0].log_softmax(-1)
     row.setdefault("first_token_kl", []).append(first_token_kl(full_logprobs, logprobs))
     error = (cache.data[:, :, :num_context].float() - full_cache.data[:, :, :num_context].float()).pow(2).mean()
     row.setdefault("kv_mse", []).append(float(error))

@@ -12,7 +12,7 @@ from workers.dtype import AUTO, DTYPE_CHOICES, measured_on  # noqa: E402
 from workers.evaluation.dataset import load_records  # noqa: E402
 from workers.evaluation.evaluate import EvalRun, evaluate  # noqa: E402
 from workers.fusion.base import FusionOptions  # noqa: E402
-from workers.loading import load_engine  # noqa: E402
+from workers.torch_engine import load_torch_engine  # noqa: E402
 
 DEFAULT_RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
@@ -32,7 +32,7 @@ def main() -> None:
     runs = [EvalRun("full_prefill", "full_prefill", 1.0)]
     runs += [EvalRun(f"{m}@{r}", m, r) for m in modes for r in ratios]
     # as docs/quality.md was measured: single tokens, gradual filtering
-    engine = load_engine(dtype=args.dtype, options=FusionOptions(selection_span_tokens=1).with_gradual_filtering())
+    engine = load_torch_engine(dtype=args.dtype, options=FusionOptions(selection_span_tokens=1).with_gradual_filtering())
     records = load_records(args.data, args.limit)
     summaries, _ = evaluate(engine, records, runs)
     result = {**measured_on(engine.dtype), "data": str(args.data), "records": len(records), "ratios": ratios, "runs": summaries}

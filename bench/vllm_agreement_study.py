@@ -23,7 +23,10 @@ from workers.default_model import prepare_default_model
 from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import token_f1
+from workers.fuser import Fuser
+from workers.fusion.base import FusionOptions
 from workers.fusion.oracle import OracleSelection
+from workers.fusion.registry import make_fusion_modes
 from workers.vllm.engine_config import set_cpu_env
 from workers.vllm.settings import VLLMSettings
 
@@ -55,9 +58,12 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="blendserve-agreement-"))
     set_cpu_env(scratch)  # before vllm is imported
     plain = PlainVLLM(model, 8192, dtype)
-    engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES), dtype=dtype)
-    engine.blend.modes["oracle_tokens"] = OracleSelection(replace(engine.blend.options, selection_span_tokens=1))
-    engine.blend.modes["oracle_spans16"] = OracleSelection(replace(engine.blend.options, selection_span_tokens=16))
+    options = FusionOptions()
+    modes = {**make_fusion_modes(options),
+             "oracle_tokens": OracleSelection(replace(options, selection_span_tokens=1)),
+             "oracle_spans16": OracleSelection(replace(options, selection_span_tokens=16))}
+    settings = VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES)
+    engine = VLLMEngine.start(model, scratch, settings, dtype, lambda runner: Fuser(runner, options, modes=modes))
     stop = list(engine.stop_token_ids)
     runs = _runs(args.ratios, args.oracle_ratio)
     rows: list[dict[str, Any]] = []
@@ -65,7 +71,7 @@ def main() -> None:
         docs = list(record.documents)
         engine.store_documents(docs, "default")
         reordered = docs[::-1]
-        prompt_ids = engine.blend.layout(reordered, record.question).token_ids
+        prompt_ids = engine.fuser.layout(reordered, record.question).token_ids
         reference = plain.run(prompt_ids, args.max_tokens, stop)
         repeat = plain.run(prompt_ids, args.max_tokens, stop)
         reference_text = _text(engine, reference["tokens"])

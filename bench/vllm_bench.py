@@ -25,8 +25,11 @@ import psutil
 
 from workers.default_model import prepare_default_model
 from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
-from workers.engine import BlendRequest
+from workers.engine_base import BlendRequest
+from workers.fuser import Fuser
+from workers.fusion.base import FusionOptions
 from workers.fusion.cacheblend import CacheBlend
+from workers.fusion.registry import make_fusion_modes
 from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import best_f1, token_f1
 from workers.sampling import SamplingParams
@@ -145,12 +148,15 @@ def main() -> None:
     rss_start = _rss_gib()
     plain = PlainVLLM(model, 8192, dtype)
     rss_plain = _rss_gib()
-    engine = VLLMEngine(model, scratch, VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES), dtype=dtype)
+    options = FusionOptions()
+    # a second cacheblend strategy on the same engine, chosen per request by name
+    modes = {**make_fusion_modes(options), TOKEN_MODE: CacheBlend(replace(options, selection_span_tokens=1))}
+    settings = VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES)
+    engine = VLLMEngine.start(model, scratch, settings, dtype, lambda runner: Fuser(runner, options, modes=modes))
     rss_engine = _rss_gib()
     stop = list(engine.stop_token_ids)
     extra_modes: dict[str, str] = {}  # system name -> the engine mode it runs, after the default blended one
-    if args.token_selection:  # a second cacheblend strategy on the same engine, chosen per request by name
-        engine.blend.modes[TOKEN_MODE] = CacheBlend(replace(engine.blend.options, selection_span_tokens=1))
+    if args.token_selection:
         extra_modes["blended_tokens"] = TOKEN_MODE
     if args.engine_full_prefill:
         extra_modes["engine_full_prefill"] = "full_prefill"
@@ -158,7 +164,7 @@ def main() -> None:
     for record in load_records(args.data, args.limit, args.offset):
         docs = list(record.documents)
         reordered = docs[::-1]
-        layout = engine.blend.layout
+        layout = engine.fuser.layout
         first = plain.run(layout(docs, record.question).token_ids, args.max_tokens, stop)
         engine.store_documents(docs, "default")
         reorder = plain.run(layout(reordered, record.question).token_ids, args.max_tokens, stop)

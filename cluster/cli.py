@@ -68,7 +68,7 @@ def eval_command(
     from workers.evaluation.evaluate import EvalRun, evaluate
     from workers.evaluation.report import eval_document, format_table
     from workers.fusion.base import FusionOptions
-    from workers.loading import load_engine
+    from workers.torch_engine import load_torch_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     mode_names = [m.strip() for m in modes.split(",") if m.strip()]
@@ -76,18 +76,18 @@ def eval_command(
     if gradual_filtering:
         options = options.with_gradual_filtering()
     try:
-        engine = load_engine(model, dtype, options, chunk_context)
+        engine = load_torch_engine(model, dtype, options, chunk_context)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--dtype") from None
-    unknown = [m for m in mode_names if m not in engine.modes]
+    unknown = [m for m in mode_names if m not in engine.fuser.modes]
     if unknown:
-        raise typer.BadParameter(f"unknown mode(s) {unknown}; choose from {sorted(engine.modes)}", param_hint="--modes")
+        raise typer.BadParameter(f"unknown mode(s) {unknown}; choose from {sorted(engine.fuser.modes)}", param_hint="--modes")
     records = load_records(data, limit, offset)
     runs = [EvalRun(m, m, ratio) for m in dict.fromkeys(["full_prefill", *mode_names])]
     summaries, precompute_s = evaluate(
         engine, records, runs, max_new_tokens, lambda i, s: log.info("record %d/%d done", i + 1, len(records))
     )
-    document = eval_document(engine.runner.checkpoint.path.name, data, len(records), summaries, engine.dtype)
+    document = eval_document(engine.fuser.runner.checkpoint.path.name, data, len(records), summaries, engine.dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
     typer.echo(format_table(summaries))

@@ -14,7 +14,7 @@ from cluster.config_schema import (
     FusionConfig,
     GuardrailsConfig,
     LimitsConfig,
-    ModelConfig,
+    ServedModelConfig,
     PromptConfig,
     ServerConfig,
     TierConfig,
@@ -33,9 +33,9 @@ __all__ = [
     "FusionConfig",
     "GuardrailsConfig",
     "LimitsConfig",
-    "ModelConfig",
     "PromptConfig",
     "ServeConfig",
+    "ServedModelConfig",
     "ServerConfig",
     "TierConfig",
     "WorkerConfig",
@@ -50,7 +50,7 @@ __all__ = [
 class ServeConfig:
     """Everything `blendserve serve` needs; every field has a default, so no file is needed at all."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ServedModelConfig = field(default_factory=ServedModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     fusion: FusionConfig = field(default_factory=FusionConfig)

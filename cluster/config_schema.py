@@ -13,7 +13,8 @@ from kvplane.tier_spec import TierSpec
 from scheduler.checks import check, check_count, check_non_negative, check_positive
 from workers.default_model import DEFAULT_MODEL_NAME
 from workers.dtype import AUTO, DTYPE_CHOICES
-from workers.engine import CHUNK_CONTEXTS
+from workers.fuser import CHUNK_CONTEXTS
+from workers.guardrails import GuardrailsConfig
 from workers.fusion.registry import FUSION_MODES
 from workers.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
 from workers.vllm.settings import VLLMSettings
@@ -35,7 +36,7 @@ _TENANT_CHARS = frozenset(string.ascii_letters + string.digits + "-_.")
 
 
 @dataclass(frozen=True, slots=True)
-class ModelConfig:
+class ServedModelConfig:
     """Which checkpoint to serve and under which name; no path means the default SmolLM2-135M-Instruct."""
 
     path: Path | None = None
@@ -94,22 +95,6 @@ class FusionConfig:
         check(self.mode in FUSION_MODES, "mode", f"one of {sorted(FUSION_MODES)}", self.mode)
         check(0.0 <= self.recompute_ratio <= 1.0, "recompute_ratio", "in [0, 1]", self.recompute_ratio)
         check(self.selection_span_tokens >= 1, "selection_span_tokens", "an integer >= 1", self.selection_span_tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class GuardrailsConfig:
-    """Quality guardrails of every worker: the canary gate, the per-request fallback, shadow comparison."""
-
-    canary: bool = True  # fuse a canary prompt at start; refuse blending if it deviates from full prefill
-    canary_max_deviation: float = 0.02  # relative KV deviation above which the canary fails
-    fallback_min_coverage: float = 0.5  # cacheblend: share of check-layer deviation the kept tokens must hold
-    shadow_fraction: float = 0.0  # blended requests also run in full prefill off the hot path, compared
-    controller: bool = False  # calibrate the loading controller at start and let it pick ratio and tiers
-
-    def __post_init__(self) -> None:
-        check(self.canary_max_deviation > 0, "canary_max_deviation", "a number > 0", self.canary_max_deviation)
-        check(0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage)
-        check(0.0 <= self.shadow_fraction <= 1.0, "shadow_fraction", "in [0, 1]", self.shadow_fraction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +208,7 @@ class LimitsConfig:
 
     def __post_init__(self) -> None:
         check_count("max_documents", self.max_documents, 0)
+        check_count("max_stop_chars", self.max_stop_chars, 1)
         check_count("max_upload_documents", self.max_upload_documents, 1)
         check_count("max_request_body_bytes", self.max_request_body_bytes, 1)
         check_count("max_tokens", self.max_tokens, 1)

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 from cluster.api_models import ApiError, ChatCompletionRequest, CompletionRequest
 from cluster.config import ServeConfig
-from workers.engine import BlendRequest
+from workers.engine_base import BlendRequest
 from workers.sampling import SamplingParams
 
 

@@ -2,12 +2,13 @@
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
 import torch
 
-from cluster.config import GuardrailsConfig, ServeConfig
+from cluster.config import ServeConfig
 from kvplane.health import tier_events
 from kvplane.index_reporter import IndexReporter
 from kvplane.location_index import launch_location_index
@@ -16,16 +17,16 @@ from kvplane.shard_directory import ShardDirectory
 from kvplane.store import TieredStore
 from kvplane.worker_store import open_worker_store
 from scheduler.membership import WorkerReport, launch_membership
-from workers.canary import canary_gate
-from workers.controller import calibrate_controller
-from workers.shadow import ShadowSampler, ShadowSummary
-from workers.checkpoint import load_checkpoint, load_model_card
+from workers.checkpoint import load_checkpoint
 from workers.default_model import prepare_default_model
 from workers.dtype import Hardware, resolve_dtype, torch_dtype
-from workers.engine import BlendEngine
 from workers.engine_base import Engine
-from workers.fingerprint import model_fingerprint
+from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
+from workers.guardrails import guarded_fuser
+from workers.runner import ModelRunner
+from workers.shadow import ShadowSampler, ShadowSummary
+from workers.torch_engine import TorchEngine
 from workers.kvplane_store import KVPlaneChunkStore
 from workers.prompt import PromptTemplate
 from workers.worker import Worker
@@ -75,47 +76,41 @@ def worker_dtype(config: ServeConfig, path: Path) -> str:
 def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tuple[Worker, str]:
     """The configured model in the configured engine over `store`, and the KV fingerprint (model and dtype)."""
     path = config.model.path or prepare_default_model()
-    vllm = config.engine.kind == "vllm"
     dtype = worker_dtype(config, path)
     _log.info("blendserve: worker %s computes in %s (model.dtype %s; %s)", worker_id, dtype, config.model.dtype,
               Hardware.detect().description)
-    if vllm:  # vLLM loads the weights itself: read only the model card here
-        _, tokenizer = load_model_card(path)
-        fingerprint = model_fingerprint(path, dtype)
-    else:
-        torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
-        checkpoint = load_checkpoint(path, torch_dtype(dtype))
-        tokenizer, fingerprint = checkpoint.tokenizer, checkpoint.fingerprint  # fingerprinting reads every weight
+    engine = open_engine(config, path, dtype, lambda runner: serving_fuser(config, runner, store))
+    guardrails = config.guardrails
+    shadow = ShadowSampler(engine, guardrails.shadow_fraction) if guardrails.shadow_fraction > 0 else None
+    fuser = engine.fuser
+    return Worker(engine, worker_id, shadow, fuser.blending_refused is not None), fuser.runner.checkpoint.fingerprint
+
+
+def open_engine(config: ServeConfig, path: Path, dtype: str, make_fuser: Callable[[ModelRunner], Fuser]) -> Engine:
+    """The configured engine, loaded in `dtype`, around the one Fuser `make_fuser` builds on its runner."""
+    if config.engine.kind == "vllm":
+        from workers.vllm.engine import VLLMEngine  # imports vllm: only where the vLLM engine is configured
+
+        scratch = config.data_dir.absolute() / "vllm"
+        return VLLMEngine.start(path, scratch, config.engine.vllm, dtype, make_fuser)
+    torch.set_num_threads(config.engine.num_threads or os.cpu_count() or 1)
+    return TorchEngine(make_fuser(ModelRunner(load_checkpoint(path, torch_dtype(dtype)))))
+
+
+def serving_fuser(config: ServeConfig, runner: ModelRunner, store: TieredStore) -> Fuser:
+    """The configured fusion on `runner` over the tiered store; its guardrails are applied as it is built."""
     prompt = config.prompt
-    template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
+    template = PromptTemplate(
+        runner.checkpoint.tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template
+    )
     guardrails = config.guardrails
     options = FusionOptions(
         recompute_ratio=config.fusion.recompute_ratio,
         selection_span_tokens=config.fusion.selection_span_tokens,
         fallback_min_coverage=guardrails.fallback_min_coverage,
     )
-    chunk_store = KVPlaneChunkStore(store, fingerprint)
-    if vllm:
-        from workers.vllm.engine import VLLMEngine  # imports vllm: only where the vLLM engine is configured
-
-        scratch = config.data_dir.absolute() / "vllm"
-        engine: Engine = VLLMEngine(
-            path, scratch, config.engine.vllm, options, chunk_store, template, config.engine.chunk_context, dtype,
-        )
-        fusion = engine.blend
-    else:
-        engine = fusion = BlendEngine(checkpoint, options, chunk_store, template, config.engine.chunk_context)
-    apply_guardrails(fusion, guardrails)
-    shadow = ShadowSampler(engine, guardrails.shadow_fraction) if guardrails.shadow_fraction > 0 else None
-    return Worker(engine, worker_id, shadow, fusion.blending_refused is not None), fingerprint
-
-
-def apply_guardrails(fusion: BlendEngine, guardrails: GuardrailsConfig) -> None:
-    """The canary gate (which may refuse blending) and the calibrated loading controller, as configured."""
-    if guardrails.canary:
-        canary_gate(fusion, max_deviation=guardrails.canary_max_deviation)
-    if guardrails.controller:
-        fusion.controller = calibrate_controller(fusion.runner, fusion.options)
+    chunk_store = KVPlaneChunkStore(store, runner.checkpoint.fingerprint)
+    return guarded_fuser(runner, options, chunk_store, template, config.engine.chunk_context, guardrails)
 
 
 class Heartbeat:
@@ -142,6 +137,7 @@ class Heartbeat:
         report = WorkerReport(
             dtype=str(self._worker.engine.dtype).removeprefix("torch."),
             hardware=self._hardware,
+            max_context_tokens=self._worker.engine.limits.max_context_tokens,
             evictions=evictions,
             blending_refused=self._worker.blending_refused,
             shadow={} if shadow is None else shadow_report(shadow.summary()),

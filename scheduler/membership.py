@@ -19,6 +19,7 @@ class WorkerReport:
 
     dtype: str = ""  # the concrete compute dtype, e.g. "bfloat16"
     hardware: str = ""  # e.g. "cpu AVX2, emulated bf16"
+    max_context_tokens: int = 0  # the engine's real context limit (prompt plus generated tokens); 0: not said
     evictions: dict[str, int] = field(default_factory=dict)  # tier -> chunks evicted so far
     blending_refused: bool = False  # the canary gate failed: the worker serves full prefill only
     shadow: dict[str, float] = field(default_factory=dict)  # shadow-comparison counters and gauges

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import torch
 
 from workers.chunk_store import LocalChunkStore
-from workers.engine import BlendEngine
-from workers.evaluation.evaluate import first_token_kl
+from workers.evaluation.divergence import first_token_kl
+from workers.fuser import Fuser
 
 _log = logging.getLogger(__name__)
 
@@ -52,25 +52,23 @@ class CanaryReport:
 
 
 @torch.inference_mode()
-def measure_canary(engine: BlendEngine, mode: str = "cacheblend", ratio: float | None = None,
+def measure_canary(fuser: Fuser, mode: str = "cacheblend", ratio: float | None = None,
                    max_deviation: float = DEFAULT_MAX_DEVIATION) -> CanaryReport:
-    """Fuse the canary with `mode` exactly as the engine would (loader, template, options) and compare."""
+    """Fuse the canary with `mode` exactly as `fuser` would (runner, loader, template, options) and compare."""
     # A private store, so the canary's chunks never reach the serving store.
-    probe = BlendEngine(engine.runner.checkpoint, engine.options, LocalChunkStore(), engine.template,
-                        engine.chunk_context, engine.loader)
-    probe.runner = engine.runner  # the engine's own runner (the vLLM engine's computes with vLLM's modules)
-    ratio = engine.options.recompute_ratio if ratio is None else ratio
+    probe = Fuser(fuser.runner, fuser.options, LocalChunkStore(), fuser.template, fuser.chunk_context, fuser.loader)
+    ratio = fuser.options.recompute_ratio if ratio is None else ratio
     prompt = probe.layout(list(CANARY_DOCUMENTS), CANARY_QUESTION)
     probe.precompute(prompt)
-    full_cache, full, _ = probe.fuse(prompt, "full_prefill", 1.0)
-    fused_cache, fused, layout = probe.fuse(prompt, mode, ratio)
-    context = layout.num_context_tokens
-    reference = probe.runner.logits(full.last_hidden[None])[0].log_softmax(-1)
-    blended = probe.runner.logits(fused.last_hidden[None])[0].log_softmax(-1)
+    full = probe.fuse(prompt, "full_prefill", 1.0)
+    fused = probe.fuse(prompt, mode, ratio)
+    context = fused.layout.num_context_tokens
+    reference = probe.runner.logits(full.prefill.last_hidden[None])[0].log_softmax(-1)
+    blended = probe.runner.logits(fused.prefill.last_hidden[None])[0].log_softmax(-1)
     return CanaryReport(
         mode,
         ratio,
-        kv_deviation(fused_cache.data[:, :, :context], full_cache.data[:, :, :context]),
+        kv_deviation(fused.cache.data[:, :, :context], full.cache.data[:, :, :context]),
         first_token_kl(reference, blended),
         bool(reference.argmax() == blended.argmax()),
         max_deviation,
@@ -83,19 +81,16 @@ def kv_deviation(kv: torch.Tensor, reference: torch.Tensor) -> float:
     return float((error / reference.float().pow(2).sum(dim=(2, 3, 4)).clamp_min(1e-12)).mean())
 
 
-def canary_gate(
-    engine: BlendEngine, mode: str = "cacheblend", max_deviation: float = DEFAULT_MAX_DEVIATION
-) -> CanaryReport:
-    """Run the canary at worker start; if it fails, log why and make the engine serve full prefill only."""
-    report = measure_canary(engine, mode, max_deviation=max_deviation)
-    model = engine.runner.checkpoint.fingerprint
+def canary_verdict(fuser: Fuser, mode: str = "cacheblend", max_deviation: float = DEFAULT_MAX_DEVIATION) -> str | None:
+    """Run the canary (at worker start): None when it passes, else why blending must be refused (logged)."""
+    report = measure_canary(fuser, mode, max_deviation=max_deviation)
+    model = fuser.runner.checkpoint.fingerprint
     if report.passed:
         _log.info("blendserve: canary gate passed for model %s: %s KV deviation %.4f <= %.4f (first-token KL %.4f)",
                   model, mode, report.kv_deviation, max_deviation, report.first_token_kl)
-        return report
+        return None
     reason = (f"canary gate: {mode} at ratio {report.recompute_ratio:.2f} deviates from full prefill by relative KV "
               f"deviation {report.kv_deviation:.4f} > {max_deviation:.4f} (first-token KL {report.first_token_kl:.4f}) "
               f"on model {model}")
     _log.error("blendserve: blending refused, serving full prefill only: %s", reason)
-    engine.refuse_blending(reason)
-    return report
+    return reason

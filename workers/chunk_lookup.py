@@ -4,9 +4,9 @@ from dataclasses import dataclass
 
 from workers.chunk_kv import ChunkLayers
 from workers.chunk_store import ChunkStore, read_chunk_layers
-from workers.controller import LoadingController
+from workers.loading_controller import LoadingController
 from workers.fusion.layout import BlendLayout
-from workers.loading_controller import ChunkPlacement, LoadingPlan
+from workers.load_plan import ChunkPlacement, LoadingPlan
 from workers.prompt import PromptLayout
 
 PREFIX_INDEX = -1  # BlendLayout.build's index of the prompt prefix among held parts
@@ -29,12 +29,14 @@ def lookup_layout(
     ratio: float,
     controller: LoadingController | None = None,
     layer_bytes_per_token: int = 0,
+    kv_end: int | None = None,
 ) -> LookupResult:
     """Open every cached part (prefix and chunks); with a controller, from its chosen tier or not at all.
 
     `context_of(is_prefix)` gives the ids a part's KV was computed after; the request's ratio is the
-    controller's floor for this request.
+    controller's floor for this request; the pass computes KV for the first `kv_end` tokens (None: all).
     """
+    kv_end = len(prompt.token_ids) if kv_end is None else kv_end
     parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
     tiers: dict[int, str | None] = {index: None for index, _ in parts}
     skipped: set[int] = set()
@@ -49,7 +51,8 @@ def lookup_layout(
             )
             for index, ids in parts
         ]
-        plan = controller.plan(placements, len(prompt.suffix_ids), ratio)
+        question_tokens = kv_end - (len(prompt.token_ids) - len(prompt.suffix_ids))  # computed by the pass
+        plan = controller.plan(placements, max(question_tokens, 0), ratio)
         ratio = plan.ratio
         for (index, _), placement, action in zip(parts, placements, plan.actions):
             tiers[index] = action.tier
@@ -66,5 +69,6 @@ def lookup_layout(
         [opened[index] for index in range(len(prompt.chunk_ids))],
         opened.get(PREFIX_INDEX),
         frozenset(skipped),
+        kv_end,
     )
     return LookupResult(layout, ratio, plan)

@@ -1,13 +1,110 @@
-"""The interface a worker serves through: the reference torch engine and the vLLM engine implement it."""
+"""What a worker serves through: the request and result types, the one request check, and the Engine interface."""
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from workers.chunk_store import DEFAULT_NAMESPACE
+from workers.sampling import SamplingParams
+
 if TYPE_CHECKING:
-    from workers.engine import BlendRequest, Generation
+    from workers.fuser import Fuser
+
+
+@dataclass(frozen=True, slots=True)
+class BlendRequest:
+    """A question over documents (each document is one chunk, in prompt order), under a tenant's namespace."""
+
+    documents: list[str]
+    question: str
+    mode: str = "cacheblend"
+    recompute_ratio: float | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    namespace: str = DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What an engine can take: its real context (prompt plus generated tokens) and its fusion modes."""
+
+    max_context_tokens: int
+    modes: frozenset[str]
+
+    def __post_init__(self) -> None:
+        if self.max_context_tokens < 1:
+            raise ValueError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
+
+
+class RequestError(ValueError):
+    """A request an engine cannot serve as asked; `field` names what is wrong (mode, recompute_ratio, prompt)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+
+
+def check_request(request: BlendRequest, num_prompt_tokens: int, limits: EngineLimits) -> None:
+    """Refuse what `limits` cannot serve; the gateway and both engines run this same check."""
+    if request.mode not in limits.modes:
+        raise RequestError("mode", f"unknown fusion mode {request.mode!r}; choose from {sorted(limits.modes)}")
+    ratio = request.recompute_ratio
+    if ratio is not None and not 0.0 <= ratio <= 1.0:
+        raise RequestError("recompute_ratio", f"recompute_ratio must be in [0, 1], got {ratio}")
+    needed = num_prompt_tokens + request.sampling.max_new_tokens
+    if needed > limits.max_context_tokens:
+        raise RequestError(
+            "prompt",
+            f"the prompt of {num_prompt_tokens} tokens (with its documents) plus max_tokens "
+            f"{request.sampling.max_new_tokens} exceeds the model's context of {limits.max_context_tokens} tokens",
+        )
+
+
+@dataclass(slots=True)
+class PrefillStats:
+    """How the prompt's KV was produced, known once the first token's logits are."""
+
+    mode: str
+    recompute_ratio: float
+    ttft_s: float
+    num_prompt_tokens: int
+    context_tokens: int
+    reused_tokens_by_tier: dict[str, int]
+    recomputed_tokens: int
+    recomputed_fraction: float
+    first_token_logprobs: torch.Tensor  # [V] float32
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens whose cached KV was reused, from any tier."""
+        return sum(self.reused_tokens_by_tier.values())
+
+
+@dataclass(slots=True)
+class BlendResult:
+    """The answer and what it cost."""
+
+    token_ids: list[int]
+    text: str
+    stats: PrefillStats
+
+
+class Generation:
+    """A prefilled request: its stats now, its tokens as they are decoded; misses are written back at the end."""
+
+    def __init__(self, stats: PrefillStats, tokens: Iterator[int], write_back: Callable[[], None]) -> None:
+        self.stats = stats
+        self._tokens = tokens
+        self._write_back = write_back
+
+    def __iter__(self) -> Iterator[int]:
+        try:
+            yield from self._tokens
+        finally:
+            # Also when the consumer stops early (a stop string, a closed stream): the KV is already computed.
+            self._write_back()
 
 
 @dataclass(slots=True)
@@ -23,27 +120,35 @@ class StoredChunk:
 class Engine(ABC):
     """Prefill a RAG request from cached chunk KV, decode it, and keep documents' KV ahead of time."""
 
+    fuser: "Fuser"  # the fusion core the engine composes
     stop_token_ids: tuple[int, ...]  # end-of-sequence ids used when a request names none
     max_concurrent_jobs: int = 1  # jobs its worker may run at once (an engine that batches says more)
 
     @property
-    @abstractmethod
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The served model's tokenizer."""
+        return self.fuser.tokenizer
 
     @property
-    @abstractmethod
     def dtype(self) -> torch.dtype:
-        """The dtype the engine computes and caches KV in."""
+        """The dtype the engine computes and caches KV in (its fusion's and its decoder's)."""
+        return self.fuser.runner.dtype
 
     @property
     @abstractmethod
-    def max_context_tokens(self) -> int:
-        """Prompt plus generated tokens the model can attend over."""
+    def limits(self) -> EngineLimits:
+        """Its real context limit and the modes it serves (what check_request holds requests to)."""
 
     @abstractmethod
-    def open(self, request: "BlendRequest") -> "Generation":
+    def open(self, request: BlendRequest) -> Generation:
         """Prefill `request`; the generation yields token ids as they are decoded."""
+
+    def generate(self, request: BlendRequest) -> BlendResult:
+        """Answer one request in full; misses are written back after the answer."""
+        generation = self.open(request)
+        token_ids = list(generation)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
+        return BlendResult(token_ids, text, generation.stats)
 
     @abstractmethod
     def store_documents(self, documents: list[str], namespace: str) -> list[StoredChunk]:
@@ -51,3 +156,4 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release what the engine holds (threads, a vLLM engine); nothing by default."""
+

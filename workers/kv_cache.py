@@ -8,14 +8,19 @@ class KVCache:
     """Keys and values of one sequence at positions 0..length-1. # [L, 2, capacity, H_kv, D]"""
 
     def __init__(
-        self, config: ModelConfig, capacity: int, dtype: torch.dtype, storage: torch.Tensor | None = None
+        self,
+        config: ModelConfig,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        storage: torch.Tensor | None = None,
     ) -> None:
-        """A fresh buffer, or the first `capacity` slots of `storage` [L, 2, >= capacity, H_kv, D] (reused memory)."""
+        """A fresh buffer on `device`, or the first `capacity` slots of `storage` [L, 2, >= capacity, H_kv, D]."""
         shape = (config.num_layers, 2, capacity, config.num_kv_heads, config.head_dim)
         if storage is None:
             # not zeroed: every slot is written (loaded or computed) before attention reads it, and zeroing the
             # ~140 MB of a 6k-token context cost ~20 ms per request
-            self.data = torch.empty(shape, dtype=dtype)
+            self.data = torch.empty(shape, dtype=dtype, device=device)
         else:
             fits = storage.dtype == dtype and storage.dim() == 5 and storage.shape[2] >= capacity
             if not fits or (storage.shape[:2], storage.shape[3:]) != (shape[:2], shape[3:]):

@@ -47,7 +47,7 @@ def positional_attention(q: torch.Tensor, q_positions: torch.Tensor, k: torch.Te
     for group in torch.arange(num_queries).tensor_split(min(NUM_QUERY_GROUPS, num_queries)):
         positions = q_positions[group]
         num_keys = int(positions[-1]) + 1
-        mask = torch.arange(num_keys)[None, :] <= positions[:, None]  # [S_g, K_g]
+        mask = torch.arange(num_keys, device=q.device)[None, :] <= positions.to(q.device)[:, None]  # [S_g, K_g]
         out = F.scaled_dot_product_attention(
             q[group].transpose(0, 1)[None],
             k[:num_keys].transpose(0, 1)[None],
@@ -70,7 +70,7 @@ def short_query_attention(q: torch.Tensor, q_positions: torch.Tensor, k: torch.T
     q_grouped = q.reshape(num_queries, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [H_kv, G, S, D]
     q_grouped = q_grouped.reshape(num_kv_heads, group * num_queries, head_dim)
     scores = torch.bmm(q_grouped, k.permute(1, 2, 0)).float() / head_dim**0.5  # [H_kv, G*S, N]
-    hidden = torch.arange(k.shape[0])[None, :] > q_positions[:, None]  # [S, N]
+    hidden = torch.arange(k.shape[0], device=q.device)[None, :] > q_positions.to(q.device)[:, None]  # [S, N]
     scores = scores.masked_fill(hidden.repeat(group, 1)[None], float("-inf"))
     out = torch.bmm(scores.softmax(-1).to(v.dtype), v.transpose(0, 1))  # [H_kv, G*S, D]
     out = out.reshape(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3)  # [S, H_kv, G, D]

@@ -1,245 +1,59 @@
-"""The loading controller: per request, the recompute ratio and, per chunk, the tier to load from or recompute."""
+"""The loading controller a worker runs: its calibrated recompute model, its fetch telemetry, and its options."""
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 
-from kvplane.latency import QUANTILES, LoadQuantiles
-from workers.delay_model import RecomputeDelayModel
-from workers.fusion.base import CHECK_LAYER_FILTER_LAYERS, CHECK_LAYER_FILTER_MULTIPLIERS, FusionOptions
-from workers.fusion.deviation import ratio_count
+from kvplane.latency import LoadQuantiles, LoadTelemetry
+from workers.delay_model import DEFAULT_SHAPES, RecomputeDelayModel, calibrate_runner
+from workers.fusion.base import FusionOptions
+from workers.load_plan import ChunkPlacement, ControllerOptions, LoadingPlan, plan_loading
+from workers.runner import ModelRunner
 
-# Below this relative difference two predicted TTFTs count as equal (float noise of the sums).
-_TIE = 1e-9
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkPlacement:
-    """One chunk of a request: its length, the bytes of one of its layers, and the tiers holding its KV."""
-
-    key: str
-    num_tokens: int
-    layer_bytes: int
-    tiers: tuple[str, ...] = ()  # empty: a miss, so it must be computed
-
-    def __post_init__(self) -> None:
-        if self.num_tokens < 1:
-            raise ValueError(f"chunk {self.key!r}: num_tokens must be >= 1, got {self.num_tokens}")
-        if self.layer_bytes < 0:
-            raise ValueError(f"chunk {self.key!r}: layer_bytes must be >= 0, got {self.layer_bytes}")
+# A tier never observed is priced like a modest network fetch of a 256 KiB layer-chunk: neither free nor forbidden.
+DEFAULT_PRIOR = LoadQuantiles(p50_s=0.002, p95_s=0.01, p99_s=0.03, typical_bytes=256 << 10)
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkAction:
-    """What to do with one chunk: load its KV from `tier`, or recompute it from scratch (tier None)."""
+class LoadingController:
+    """Plans each request from the recompute model and the fetch-latency sketches, which the loader keeps fed."""
 
-    key: str
-    tier: str | None
+    def __init__(
+        self,
+        delays: RecomputeDelayModel,
+        telemetry: LoadTelemetry | None = None,
+        options: ControllerOptions = ControllerOptions(),
+    ) -> None:
+        self.delays = delays
+        self.telemetry = telemetry if telemetry is not None else LoadTelemetry({}, DEFAULT_PRIOR)
+        self.options = options
+        self.last_plan: LoadingPlan | None = None
 
-    @property
-    def recompute(self) -> bool:
-        """Whether the chunk is computed in full instead of loaded."""
-        return self.tier is None
+    def observe(self, tier: str, seconds: float, num_bytes: int) -> None:
+        """Record one layer-chunk fetch (the layer loader's FetchObserver)."""
+        self.telemetry.observe(tier, seconds, num_bytes)
 
-
-@dataclass(frozen=True, slots=True)
-class ControllerOptions:
-    """Knobs of the controller; the filter schedule mirrors the fusion mode's (see FusionOptions)."""
-
-    ratio_floor: float = 0.15  # r*: the quality floor, never gone below
-    ratio_ceiling: float = 1.0
-    ratio_step: float = 0.05
-    objective: str = "p95"  # the TTFT quantile minimised: "p50", "p95" or "p99"
-    free_slack: float = 0.0  # relative increase of the overlapped time accepted to recompute more (0: only hidden)
-    filter_layers: tuple[int, ...] = CHECK_LAYER_FILTER_LAYERS
-    filter_multipliers: tuple[float, ...] = CHECK_LAYER_FILTER_MULTIPLIERS
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.ratio_floor <= self.ratio_ceiling <= 1.0:
-            raise ValueError(f"need 0 <= ratio_floor <= ratio_ceiling <= 1, got {self.ratio_floor}, {self.ratio_ceiling}")
-        if not 0.0 < self.ratio_step <= 1.0:
-            raise ValueError(f"ratio_step must be in (0, 1], got {self.ratio_step}")
-        if self.objective not in QUANTILES:
-            raise ValueError(f"objective must be one of {QUANTILES}, got {self.objective!r}")
-        if self.free_slack < 0:
-            raise ValueError(f"free_slack must be >= 0, got {self.free_slack}")
-        if len(self.filter_layers) != len(self.filter_multipliers) or not self.filter_layers:
-            raise ValueError("filter_layers and filter_multipliers must be non-empty and of equal length")
-        if list(self.filter_layers) != sorted(set(self.filter_layers)) or self.filter_layers[0] < 0:
-            raise ValueError("filter_layers must be strictly ascending and >= 0")
-        if any(multiplier < 1.0 for multiplier in self.filter_multipliers):
-            raise ValueError("filter_multipliers must be >= 1")
-
-    @classmethod
-    def from_fusion(cls, fusion: FusionOptions, **overrides: object) -> "ControllerOptions":
-        """Options whose floor and filter schedule are the fusion mode's."""
-        base: dict[str, object] = {
-            "ratio_floor": fusion.recompute_ratio,
-            "filter_layers": fusion.filter_layers,
-            "filter_multipliers": fusion.filter_multipliers,
-        }
-        return cls(**{**base, **overrides})  # type: ignore[arg-type]
-
-    def ratios(self) -> list[float]:
-        """Candidate ratios from the floor to the ceiling, both included."""
-        count = int((self.ratio_ceiling - self.ratio_floor) / self.ratio_step + _TIE)
-        grid = [max(self.ratio_floor, round(self.ratio_floor + index * self.ratio_step, 9)) for index in range(count + 1)]
-        return grid if grid[-1] >= self.ratio_ceiling - _TIE else [*grid, self.ratio_ceiling]
+    def plan(
+        self, chunks: Sequence[ChunkPlacement], forced_tokens: int, ratio_floor: float | None = None
+    ) -> LoadingPlan:
+        """The ratio (never below the floor, raised to `ratio_floor` if given) and per-chunk tier or recompute."""
+        options = self.options
+        if ratio_floor is not None and ratio_floor > options.ratio_floor:
+            options = replace(options, ratio_floor=ratio_floor, ratio_ceiling=max(ratio_floor, options.ratio_ceiling))
+        quantiles = self.telemetry.snapshot({tier for chunk in chunks for tier in chunk.tiers})
+        self.last_plan = plan_loading(chunks, self.delays, quantiles, options, forced_tokens)
+        return self.last_plan
 
 
-@dataclass(frozen=True, slots=True)
-class LoadingPlan:
-    """The chosen ratio, one action per chunk (request order), and the TTFT predicted for them."""
+def calibrate_controller(
+    runner: ModelRunner,
+    fusion: FusionOptions = FusionOptions(),
+    priors: Mapping[str, LoadQuantiles] | None = None,
+    shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES,
+    repeats: int = 3,
+    **overrides: object,
+) -> LoadingController:
+    """Time the runner's layers on its device (seconds; once at worker start) and build a controller around it.
 
-    ratio: float
-    actions: tuple[ChunkAction, ...]
-    ttft_p50_s: float
-    ttft_p95_s: float
-    ttft_p99_s: float
-
-    def ttft_s(self, quantile: str) -> float:
-        """Predicted TTFT at `quantile`."""
-        if quantile not in QUANTILES:
-            raise ValueError(f"unknown quantile {quantile!r}; choose from {QUANTILES}")
-        return getattr(self, f"ttft_{quantile}_s")
-
-    @property
-    def recomputed(self) -> tuple[str, ...]:
-        """Keys of the chunks recomputed from scratch."""
-        return tuple(action.key for action in self.actions if action.recompute)
-
-    def tier_of(self, key: str) -> str | None:
-        """The tier chunk `key` loads from (None: recomputed)."""
-        return next(action.tier for action in self.actions if action.key == key)
-
-
-def selected_per_layer(
-    num_layers: int, ratio: float, reusable_tokens: int, forced_tokens: int, options: ControllerOptions
-) -> list[int]:
-    """Tokens entering each layer's recompute under CacheBlend's gradual filtering."""
-    # All tokens run up to and including the first filter layer; past filter layer f_j the kept
-    # reusable share is ratio * multiplier_j, as the fusion mode's `narrow` keeps them.
-    counts = []
-    kept = reusable_tokens
-    for layer in range(num_layers):
-        counts.append(kept + forced_tokens)
-        if layer in options.filter_layers:
-            multiplier = options.filter_multipliers[options.filter_layers.index(layer)]
-            kept = ratio_count(min(1.0, ratio * multiplier), reusable_tokens)
-    return counts
-
-
-def pipeline_ttft_s(load_s: Sequence[float], compute_s: Sequence[float]) -> float:
-    """Seconds of a pass where loading layer i+1 overlaps recomputing layer i: load_0 + sum max(compute_i, load_i+1)."""
-    if len(load_s) != len(compute_s):
-        raise ValueError(f"need one load and one compute time per layer, got {len(load_s)} and {len(compute_s)}")
-    if not compute_s:
-        return 0.0
-    following = [*load_s[1:], 0.0]
-    return load_s[0] + sum(max(compute, load) for compute, load in zip(compute_s, following))
-
-
-def predict_ttft_s(
-    chunks: Sequence[ChunkPlacement],
-    actions: Sequence[ChunkAction],
-    ratio: float,
-    delays: RecomputeDelayModel,
-    quantiles: Mapping[str, LoadQuantiles],
-    quantile: str,
-    options: ControllerOptions,
-    forced_tokens: int = 0,
-) -> float:
-    """Predicted TTFT of a plan with every layer-chunk fetch at its `quantile` time."""
-    return _predict(chunks, actions, ratio, delays, quantiles, quantile, options, forced_tokens)[0]
-
-
-def _predict(
-    chunks: Sequence[ChunkPlacement],
-    actions: Sequence[ChunkAction],
-    ratio: float,
-    delays: RecomputeDelayModel,
-    quantiles: Mapping[str, LoadQuantiles],
-    quantile: str,
-    options: ControllerOptions,
-    forced_tokens: int,
-) -> tuple[float, float]:
-    """(TTFT, seconds of the last layer's compute, which no load overlaps)."""
-    # The request's fetches add up, so each is priced at its share of the sum's quantile (mean plus the
-    # tail excess over sqrt(n)): a bad tail still costs what it risks, but not as if every fetch hit it.
-    context = sum(chunk.num_tokens for chunk in chunks) + forced_tokens
-    load_layer_s = 0.0
-    reusable = 0
-    forced = forced_tokens
-    num_fetches = delays.num_layers * sum(1 for action in actions if action.tier is not None)
-    for chunk, action in zip(chunks, actions, strict=True):
-        if action.tier is None:
-            forced += chunk.num_tokens
-        else:
-            reusable += chunk.num_tokens
-            load_layer_s += quantiles[action.tier].fetch_in_sum_s(quantile, chunk.layer_bytes, num_fetches)
-    counts = selected_per_layer(delays.num_layers, ratio, reusable, forced, options)
-    compute = [delays.predict_s(context, count) for count in counts]
-    return pipeline_ttft_s([load_layer_s] * delays.num_layers, compute), compute[-1]
-
-
-def plan_loading(
-    chunks: Sequence[ChunkPlacement],
-    delays: RecomputeDelayModel,
-    quantiles: Mapping[str, LoadQuantiles],
-    options: ControllerOptions = ControllerOptions(),
-    forced_tokens: int = 0,
-) -> LoadingPlan:
-    """Per-chunk actions minimising the predicted objective TTFT, then the highest ratio loading hides.
-
-    `forced_tokens` are always recomputed besides the chunks (question suffix, uncached prefix).
+    `priors` price tiers before 20 fetches from them are observed; `overrides` set ControllerOptions knobs.
     """
-    if forced_tokens < 0:
-        raise ValueError(f"forced_tokens must be >= 0, got {forced_tokens}")
-    missing = sorted({tier for chunk in chunks for tier in chunk.tiers} - set(quantiles))
-    if missing:
-        raise ValueError(f"no load quantiles (observed or prior) for tiers {missing}")
-    objective = options.objective
-
-    def cost(actions: Sequence[ChunkAction], ratio: float) -> float:
-        return predict_ttft_s(chunks, actions, ratio, delays, quantiles, objective, options, forced_tokens)
-
-    # 1. Each held chunk from its tier with the best objective quantile (TTFT only grows with a fetch's time).
-    num_fetches = delays.num_layers * sum(1 for chunk in chunks if chunk.tiers)
-    actions = [ChunkAction(chunk.key, _fastest_tier(chunk, quantiles, objective, num_fetches)) for chunk in chunks]
-    # 2. At the floor ratio, recompute from scratch the chunk that helps most, while one does.
-    best = cost(actions, options.ratio_floor)
-    while True:
-        trials = [
-            (cost(trial, options.ratio_floor), trial)
-            for index, action in enumerate(actions)
-            if not action.recompute
-            for trial in [[*actions[:index], ChunkAction(action.key, None), *actions[index + 1 :]]]
-        ]
-        if not trials:
-            break
-        trial_cost, trial = min(trials, key=lambda pair: pair[0])
-        if trial_cost >= best * (1 - _TIE):
-            break
-        best, actions = trial_cost, trial
-    # 3. The highest ratio that keeps the overlapped layers' recompute hidden behind loading (within the
-    # slack). Only the last layer's compute, which nothing overlaps, grows: 1/num_layers of the extra.
-    ratios = options.ratios()
-    overlapped = [
-        ttft - last for ttft, last in (
-            _predict(chunks, actions, ratio, delays, quantiles, objective, options, forced_tokens) for ratio in ratios
-        )
-    ]
-    limit = min(overlapped) * (1 + options.free_slack) * (1 + _TIE)
-    ratio = max(ratio for ratio, value in zip(ratios, overlapped) if value <= limit)
-    p50, p95, p99 = (
-        predict_ttft_s(chunks, actions, ratio, delays, quantiles, quantile, options, forced_tokens)
-        for quantile in QUANTILES
-    )
-    return LoadingPlan(ratio, tuple(actions), p50, p95, p99)
-
-
-def _fastest_tier(
-    chunk: ChunkPlacement, quantiles: Mapping[str, LoadQuantiles], objective: str, num_fetches: int
-) -> str | None:
-    """The holding tier with the smallest objective-quantile share of the request's fetches (None for a miss)."""
-    if not chunk.tiers:
-        return None
-    return min(chunk.tiers, key=lambda tier: quantiles[tier].fetch_in_sum_s(objective, chunk.layer_bytes, num_fetches))
+    delays = calibrate_runner(runner, shapes, repeats)
+    telemetry = LoadTelemetry(priors or {}, DEFAULT_PRIOR)
+    return LoadingController(delays, telemetry, ControllerOptions.from_fusion(fusion, **overrides))

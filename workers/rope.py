@@ -57,6 +57,7 @@ def rerotate(k: torch.Tensor, inv_freq: torch.Tensor, delta_positions: int) -> t
     if delta_positions == 0:
         return k
     cos, sin = cos_sin(inv_freq, torch.tensor([delta_positions]))
+    cos, sin = cos.to(k.device), sin.to(k.device)
     shape = k.shape
     flat = k.reshape(-1, shape[-2], shape[-1])
     return apply_rope(flat, cos, sin).reshape(shape)

@@ -16,13 +16,15 @@ class ModelRunner:
         self.config = checkpoint.config
         self.weights = checkpoint.weights
         self.dtype = checkpoint.weights.embed.dtype
+        self.device = checkpoint.weights.embed.device  # every tensor the fusion makes lives here
         self.inv_freq = inverse_frequencies(self.config.rope, self.config.head_dim)
         all_positions = torch.arange(self.config.max_position_embeddings)
-        self.cos, self.sin = cos_sin(self.inv_freq, all_positions)  # [max_pos, D] each, built once
+        cos, sin = cos_sin(self.inv_freq, all_positions)  # [max_pos, D] each, built once
+        self.cos, self.sin = cos.to(self.device), sin.to(self.device)
 
     def new_cache(self, capacity: int) -> KVCache:
-        """An empty KV buffer for one sequence."""
-        return KVCache(self.config, capacity, self.dtype)
+        """An empty KV buffer for one sequence, on the runner's device."""
+        return KVCache(self.config, capacity, self.dtype, self.device)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings. # [S] -> [S, hidden]"""
@@ -38,7 +40,7 @@ class ModelRunner:
         qkv = F.linear(x, w.qkv, w.qkv_bias)
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = self.cos[positions.to(self.device)], self.sin[positions.to(self.device)]
         q = apply_rope(q.reshape(-1, cfg.num_heads, cfg.head_dim), cos, sin)
         k = apply_rope(k.reshape(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
         return q, k, v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)

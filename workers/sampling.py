@@ -25,6 +25,7 @@ class SamplingParams:
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick one token id from float32 logits. # [V] -> int"""
+    logits = logits.cpu()  # the generator is a CPU one, wherever the model runs
     if params.temperature == 0.0:
         return int(logits.argmax())
     probs = (logits / params.temperature).softmax(dim=-1)

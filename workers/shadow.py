@@ -7,9 +7,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from workers.engine import BlendRequest, PrefillStats
-from workers.engine_base import Engine
-from workers.evaluation.evaluate import first_token_kl
+from workers.engine_base import BlendRequest, Engine, PrefillStats
+from workers.evaluation.divergence import first_token_kl
 
 REFERENCE_MODE = "full_prefill"
 

@@ -2,8 +2,7 @@
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from workers.engine import BlendRequest
-from workers.engine_base import Engine, StoredChunk
+from workers.engine_base import BlendRequest, Engine, StoredChunk
 from workers.shadow import ShadowSampler
 from workers.text_stream import TextStream
 

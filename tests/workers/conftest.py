@@ -7,7 +7,7 @@ import torch
 
 from workers.checkpoint import Checkpoint, load_checkpoint
 from workers.default_model import prepare_default_model
-from workers.engine import BlendEngine
+from workers.torch_engine import TorchEngine
 from workers.prompt import PromptTemplate
 from workers.runner import ModelRunner
 
@@ -27,9 +27,9 @@ def runner(checkpoint: Checkpoint) -> ModelRunner:
 
 
 @pytest.fixture
-def engine(checkpoint: Checkpoint) -> BlendEngine:
+def engine(checkpoint: Checkpoint) -> TorchEngine:
     """A fresh engine (empty chunk store) on the shared weights."""
-    return BlendEngine(checkpoint)
+    return TorchEngine.from_checkpoint(checkpoint)
 
 
 @pytest.fixture

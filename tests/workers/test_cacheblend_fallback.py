@@ -3,32 +3,33 @@ import pytest
 import torch
 
 from workers.checkpoint import Checkpoint
-from workers.engine import BlendEngine, BlendRequest, BlendResult
+from workers.engine_base import BlendRequest, BlendResult
+from workers.torch_engine import TorchEngine
 from workers.fusion.base import FusionOptions
 from workers.sampling import SamplingParams
 
 SHORT = SamplingParams(max_new_tokens=4)
 
 
-def answer(engine: BlendEngine, record: dict, mode: str = "cacheblend", ratio: float | None = 0.15) -> BlendResult:
-    engine.precompute(engine.layout(record["documents"], record["question"]))
+def answer(engine: TorchEngine, record: dict, mode: str = "cacheblend", ratio: float | None = 0.15) -> BlendResult:
+    engine.fuser.precompute(engine.fuser.layout(record["documents"], record["question"]))
     return engine.generate(BlendRequest(record["documents"], record["question"], mode, ratio, SHORT))
 
 
 def test_sparse_requests_keep_their_ratio(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
-    engine = BlendEngine(checkpoint, FusionOptions(fallback_min_coverage=0.5))  # real requests cover ~0.7
+    engine = TorchEngine.from_checkpoint(checkpoint, FusionOptions(fallback_min_coverage=0.5))  # real requests cover ~0.7
     assert answer(engine, qa_records[0]).stats.recompute_ratio == 0.15
 
 
 def test_a_demanding_coverage_raises_the_ratio(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
-    engine = BlendEngine(checkpoint, FusionOptions(fallback_min_coverage=0.95, fallback_full_above=1.0))
+    engine = TorchEngine.from_checkpoint(checkpoint, FusionOptions(fallback_min_coverage=0.95, fallback_full_above=1.0))
     result = answer(engine, qa_records[0])
     assert 0.15 < result.stats.recompute_ratio < 1.0
-    assert result.stats.recomputed_fraction > answer(BlendEngine(checkpoint), qa_records[0]).stats.recomputed_fraction
+    assert result.stats.recomputed_fraction > answer(TorchEngine.from_checkpoint(checkpoint), qa_records[0]).stats.recomputed_fraction
 
 
 def test_not_sparse_at_all_recomputes_in_full(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
-    engine = BlendEngine(checkpoint, FusionOptions(fallback_min_coverage=0.99, fallback_full_above=0.2))
+    engine = TorchEngine.from_checkpoint(checkpoint, FusionOptions(fallback_min_coverage=0.99, fallback_full_above=0.2))
     result = answer(engine, qa_records[1])
     reference = answer(engine, qa_records[1], "full_prefill", None)
     assert result.stats.recompute_ratio == 1.0

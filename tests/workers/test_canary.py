@@ -4,44 +4,59 @@ import logging
 import pytest
 import torch
 
-from workers.canary import canary_gate, measure_canary
+from workers.canary import measure_canary
 from workers.checkpoint import Checkpoint
-from workers.engine import BlendEngine, BlendRequest
+from workers.chunk_store import LocalChunkStore
+from workers.engine_base import BlendRequest
+from workers.fuser import Fuser
+from workers.fusion.base import FusionOptions
+from workers.guardrails import GuardrailsConfig, guarded_fuser
+from workers.prompt import PromptTemplate
+from workers.runner import ModelRunner
 from workers.sampling import SamplingParams
+from workers.torch_engine import TorchEngine
 
 
-def test_canary_passes_with_correct_rerotation(engine: BlendEngine) -> None:
-    report = canary_gate(engine)
-    assert report.passed and engine.blending_refused is None
-    assert report.kv_deviation < report.max_deviation / 2  # not a near miss
-    assert len(engine.store) == 0  # the canary's chunks stay out of the serving store
+def guarded(runner: ModelRunner, store: LocalChunkStore) -> Fuser:
+    """The serving Fuser with the canary on, as a worker builds it."""
+    template = PromptTemplate(runner.checkpoint.tokenizer)
+    return guarded_fuser(runner, FusionOptions(), store, template, "prefix", GuardrailsConfig(canary=True))
+
+
+def test_canary_passes_with_correct_rerotation(runner: ModelRunner) -> None:
+    store = LocalChunkStore()
+    fuser = guarded(runner, store)
+    assert fuser.blending_refused is None
+    report = measure_canary(fuser)
+    assert report.passed and report.kv_deviation < report.max_deviation / 2  # not a near miss
+    assert len(store) == 0  # the canary's chunks stay out of the serving store
 
 
 def test_canary_refuses_unrotated_keys_and_the_engine_serves_full_prefill(
     checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, qa_records: list[dict]
 ) -> None:
-    engine = BlendEngine(checkpoint)
-    monkeypatch.setattr(engine.runner, "rerotate_keys", lambda k, delta: k)  # positions never recovered
+    runner = ModelRunner(checkpoint)
+    monkeypatch.setattr(runner, "rerotate_keys", lambda k, delta: k)  # positions never recovered
     with caplog.at_level(logging.ERROR, logger="workers.canary"):
-        report = canary_gate(engine)
-    assert not report.passed and report.kv_deviation > 2 * report.max_deviation
+        engine = TorchEngine(guarded(runner, LocalChunkStore()))
+    assert not measure_canary(engine.fuser).passed
+    assert engine.fuser.blending_refused is not None and "canary gate" in engine.fuser.blending_refused
     assert "blending refused" in caplog.text and "canary gate" in caplog.text
     record = qa_records[0]
     short = SamplingParams(max_new_tokens=4)
-    request = BlendRequest(record["documents"], record["question"], "cacheblend", 0.15, short)
-    served = engine.generate(request)
-    reference = engine.generate(BlendRequest(record["documents"], record["question"], "full_prefill",
-                                             sampling=SamplingParams(max_new_tokens=4)))
+    served = engine.generate(BlendRequest(record["documents"], record["question"], "cacheblend", 0.15, short))
+    reference = engine.generate(BlendRequest(record["documents"], record["question"], "full_prefill", sampling=short))
     assert served.stats.mode == "full_prefill" and served.stats.reused_tokens == 0
     assert served.token_ids == reference.token_ids
 
 
 def test_a_wrong_rotation_direction_is_also_caught(checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = BlendEngine(checkpoint)
-    rerotate = engine.runner.rerotate_keys
+    runner = ModelRunner(checkpoint)
+    rerotate = runner.rerotate_keys
 
     def backwards(k: torch.Tensor, delta: int) -> torch.Tensor:
         return rerotate(k, -delta)
 
-    monkeypatch.setattr(engine.runner, "rerotate_keys", backwards)
-    assert not measure_canary(engine).passed
+    monkeypatch.setattr(runner, "rerotate_keys", backwards)
+    report = measure_canary(Fuser(runner))
+    assert not report.passed and report.kv_deviation > 2 * report.max_deviation

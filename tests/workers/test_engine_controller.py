@@ -6,10 +6,11 @@ from kvplane.latency import LoadQuantiles, LoadTelemetry
 from workers.checkpoint import Checkpoint
 from workers.chunk_kv import ChunkKV
 from workers.chunk_store import DEFAULT_NAMESPACE, LOCAL_TIER, LocalChunkStore
-from workers.controller import DEFAULT_PRIOR, LoadingController
+from workers.loading_controller import DEFAULT_PRIOR, LoadingController
 from workers.delay_model import RecomputeDelayModel
-from workers.engine import BlendEngine, BlendRequest, BlendResult
-from workers.loading_controller import ControllerOptions
+from workers.engine_base import BlendRequest, BlendResult
+from workers.torch_engine import TorchEngine
+from workers.load_plan import ControllerOptions
 from workers.sampling import SamplingParams
 
 SHORT = SamplingParams(max_new_tokens=4)
@@ -30,37 +31,37 @@ class CountingStore(LocalChunkStore):
         super().put(chunk, context_ids, namespace)
 
 
-def controlled(checkpoint: Checkpoint, local: LoadQuantiles) -> BlendEngine:
+def controlled(checkpoint: Checkpoint, local: LoadQuantiles) -> TorchEngine:
     """An engine whose controller prices the local store's fetches at `local` (a prior: nothing observed yet)."""
     telemetry = LoadTelemetry({LOCAL_TIER: local}, DEFAULT_PRIOR, min_observations=10**9)
     controller = LoadingController(DELAYS, telemetry, ControllerOptions())
-    return BlendEngine(checkpoint, store=CountingStore(), controller=controller)
+    return TorchEngine.from_checkpoint(checkpoint, store=CountingStore(), controller=controller)
 
 
-def ask(engine: BlendEngine, record: dict, mode: str = "cacheblend", ratio: float | None = None) -> BlendResult:
+def ask(engine: TorchEngine, record: dict, mode: str = "cacheblend", ratio: float | None = None) -> BlendResult:
     return engine.generate(BlendRequest(record["documents"], record["question"], mode, ratio, SHORT))
 
 
 def test_fast_loads_run_at_the_floor_and_match_the_uncontrolled_engine(checkpoint: Checkpoint,
                                                                        qa_records: list[dict]) -> None:
-    engine, plain = controlled(checkpoint, FREE), BlendEngine(checkpoint)
+    engine, plain = controlled(checkpoint, FREE), TorchEngine.from_checkpoint(checkpoint)
     record = qa_records[0]
     for each in (engine, plain):
-        each.precompute(each.layout(record["documents"], record["question"]))
+        each.fuser.precompute(each.fuser.layout(record["documents"], record["question"]))
     result, reference = ask(engine, record), ask(plain, record)
-    assert engine.controller.last_plan.ratio == result.stats.recompute_ratio == 0.15
-    assert not engine.controller.last_plan.recomputed
+    assert engine.fuser.controller.last_plan.ratio == result.stats.recompute_ratio == 0.15
+    assert not engine.fuser.controller.last_plan.recomputed
     assert result.stats.reused_tokens == result.stats.context_tokens
     assert result.token_ids == reference.token_ids
     assert torch.equal(result.stats.first_token_logprobs, reference.stats.first_token_logprobs)
     # Every layer-chunk fetch was timed for the sketches: 30 layers x (prefix + 3 chunks).
-    assert engine.controller.telemetry.tier(LOCAL_TIER).num_observations == 30 * 4
+    assert engine.fuser.controller.telemetry.tier(LOCAL_TIER).num_observations == 30 * 4
 
 
 def test_a_request_ratio_above_the_floor_is_kept(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     engine = controlled(checkpoint, FREE)
     record = qa_records[2]
-    engine.precompute(engine.layout(record["documents"], record["question"]))
+    engine.fuser.precompute(engine.fuser.layout(record["documents"], record["question"]))
     assert ask(engine, record, ratio=0.5).stats.recompute_ratio == pytest.approx(0.5)
     assert ask(engine, record, ratio=0.05).stats.recompute_ratio == 0.15  # never below r*
 
@@ -69,11 +70,11 @@ def test_hopeless_loads_recompute_from_scratch_without_writing_back(checkpoint: 
                                                                     qa_records: list[dict]) -> None:
     engine = controlled(checkpoint, GLACIAL)
     record = qa_records[1]
-    engine.precompute(engine.layout(record["documents"], record["question"]))
-    assert engine.store.puts == 4
+    engine.fuser.precompute(engine.fuser.layout(record["documents"], record["question"]))
+    assert engine.fuser.store.puts == 4
     result = ask(engine, record)
     reference = ask(engine, record, "full_prefill")
-    assert len(engine.controller.last_plan.recomputed) == 4  # the prefix and every chunk
+    assert len(engine.fuser.controller.last_plan.recomputed) == 4  # the prefix and every chunk
     assert result.stats.reused_tokens == 0
     assert result.token_ids == reference.token_ids
-    assert engine.store.puts == 4  # nothing was written back: the chunks were held all along
+    assert engine.fuser.store.puts == 4  # nothing was written back: the chunks were held all along

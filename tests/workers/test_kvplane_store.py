@@ -4,7 +4,8 @@ from pathlib import Path
 from kvplane.store import TieredStore
 from kvplane.tier_spec import TierSpec
 from workers.checkpoint import Checkpoint
-from workers.engine import BlendEngine, BlendRequest
+from workers.engine_base import BlendRequest
+from workers.torch_engine import TorchEngine
 from workers.kvplane_store import KVPlaneChunkStore
 from workers.sampling import SamplingParams
 
@@ -21,21 +22,21 @@ def test_chunks_survive_a_restart_and_stay_per_model(checkpoint: Checkpoint, tmp
                                                      qa_records: list[dict]) -> None:
     documents, question = qa_records[0]["documents"], qa_records[0]["question"]
     with open_store(tmp_path) as store:
-        engine = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
+        engine = TorchEngine.from_checkpoint(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
         first = engine.generate(BlendRequest(documents, question, "cacheblend", 1.0, SHORT))
         assert first.stats.reused_tokens == 0  # cold: every chunk missed, then was written back
         store.flush()
 
     with open_store(tmp_path) as store:  # a fresh RAM tier: every hit below comes from the SSD files
         assert store.recover() > 0
-        engine = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
+        engine = TorchEngine.from_checkpoint(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
         again = engine.generate(BlendRequest(documents[::-1], question, "cacheblend", 1.0, SHORT))
         reference = engine.generate(BlendRequest(documents[::-1], question, "full_prefill", 1.0, SHORT))
         assert again.stats.reused_tokens == again.stats.context_tokens
         assert set(again.stats.reused_tokens_by_tier) == {"ssd"}  # the RAM tier started empty
         assert again.token_ids == reference.token_ids
 
-        other_model = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, "another-fingerprint"))
+        other_model = TorchEngine.from_checkpoint(checkpoint, store=KVPlaneChunkStore(store, "another-fingerprint"))
         cold = other_model.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT))
         assert cold.stats.reused_tokens == 0
 
@@ -43,7 +44,7 @@ def test_chunks_survive_a_restart_and_stay_per_model(checkpoint: Checkpoint, tmp
 def test_tenants_do_not_share_chunks(checkpoint: Checkpoint, tmp_path: Path, qa_records: list[dict]) -> None:
     documents, question = qa_records[1]["documents"], qa_records[1]["question"]
     with open_store(tmp_path) as store:
-        engine = BlendEngine(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
+        engine = TorchEngine.from_checkpoint(checkpoint, store=KVPlaneChunkStore(store, checkpoint.fingerprint))
         engine.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT, namespace="acme"))
         same = engine.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT, namespace="acme"))
         other = engine.generate(BlendRequest(documents, question, "full_reuse", 0.0, SHORT, namespace="globex"))

@@ -10,7 +10,8 @@ from kvplane.memory_tier import MemoryTier
 from kvplane.store import TieredStore
 from workers.checkpoint import Checkpoint
 from workers.chunk_store import LocalChunkStore
-from workers.engine import BlendEngine, BlendRequest
+from workers.engine_base import BlendRequest
+from workers.torch_engine import TorchEngine
 from workers.fusion.layer_feed import EagerLoader, PipelinedLoader
 from workers.kv_cache import KVCache
 from workers.kvplane_store import KVPlaneChunkStore
@@ -40,16 +41,17 @@ MODES = [("cacheblend", 0.15), ("full_reuse", 0.0), ("epic", 0.15), ("cachecraft
 def test_pipelined_equals_non_pipelined_exactly(checkpoint: Checkpoint, qa_records: list[dict], mode: str,
                                                ratio: float) -> None:
     store = LocalChunkStore()
-    engines = {name: BlendEngine(checkpoint, store=store, loader=loader)
+    engines = {name: TorchEngine.from_checkpoint(checkpoint, store=store, loader=loader)
                for name, loader in (("eager", EagerLoader()), ("pipelined", PipelinedLoader(depth=1)))}
     record = qa_records[0]
     documents = [record["documents"][2], record["documents"][0], record["documents"][1]]
-    engines["eager"].precompute(engines["eager"].layout(documents, record["question"]))
+    engines["eager"].fuser.precompute(engines["eager"].fuser.layout(documents, record["question"]))
     caches, results = {}, {}
     for name, engine in engines.items():
-        prompt = engine.layout(documents, record["question"])
-        caches[name], _, layout = engine.fuse(prompt, mode, ratio)
-        assert len(layout.cached_segments()) == 4  # the prompt prefix and the three chunks
+        prompt = engine.fuser.layout(documents, record["question"])
+        fused = engine.fuser.fuse(prompt, mode, ratio)
+        caches[name] = fused.cache
+        assert len(fused.layout.cached_segments()) == 4  # the prompt prefix and the three chunks
         results[name] = engine.generate(BlendRequest(documents, record["question"], mode, ratio, SHORT))
     assert torch.equal(caches["pipelined"].data, caches["eager"].data)  # bit for bit, every layer and slot
     assert results["pipelined"].token_ids == results["eager"].token_ids
@@ -64,16 +66,16 @@ def test_a_failed_fetch_reaches_the_request(checkpoint: Checkpoint, qa_records: 
                 found.layers = iter([next(found.layers)])  # one layer, then the stream ends
             return found
 
-    engine = BlendEngine(checkpoint, store=BrokenStore(), loader=PipelinedLoader())
+    engine = TorchEngine.from_checkpoint(checkpoint, store=BrokenStore(), loader=PipelinedLoader())
     record = qa_records[1]
-    engine.precompute(engine.layout(record["documents"], record["question"]))
+    engine.fuser.precompute(engine.fuser.layout(record["documents"], record["question"]))
     with pytest.raises(StopIteration):
-        engine.fuse(engine.layout(record["documents"], record["question"]), "cacheblend", 0.15)
+        engine.fuser.fuse(engine.fuser.layout(record["documents"], record["question"]), "cacheblend", 0.15)
 
 
-def _fuse_s(engine: BlendEngine, prompt: PromptLayout) -> float:
+def _fuse_s(engine: TorchEngine, prompt: PromptLayout) -> float:
     began = time.perf_counter()
-    engine.fuse(prompt, "cacheblend", 0.15)
+    engine.fuser.fuse(prompt, "cacheblend", 0.15)
     return time.perf_counter() - began
 
 
@@ -101,12 +103,12 @@ def test_with_a_slow_tier_ttft_is_near_max_of_load_and_compute(checkpoint: Check
     tier = SlowTier("remote", 1 << 30)
     with TieredStore([tier], ["lru"]) as kvstore:
         store = KVPlaneChunkStore(kvstore, checkpoint.fingerprint)
-        pipelined = BlendEngine(checkpoint, store=store, loader=PipelinedLoader())
-        eager = BlendEngine(checkpoint, store=store, loader=EagerLoader())
+        pipelined = TorchEngine.from_checkpoint(checkpoint, store=store, loader=PipelinedLoader())
+        eager = TorchEngine.from_checkpoint(checkpoint, store=store, loader=EagerLoader())
         record = qa_records[2]
-        prompt = pipelined.layout(record["documents"], record["question"])
+        prompt = pipelined.fuser.layout(record["documents"], record["question"])
         stored = pipelined.store_documents(record["documents"])
-        pipelined.precompute(prompt)
+        pipelined.fuser.precompute(prompt)
         keys = [chunk.key for chunk in stored] + [store.key(prompt.prefix_ids, [])]
         _fuse_s(pipelined, prompt)  # warm-up
         compute_s = statistics.median(_fuse_s(pipelined, prompt) for _ in range(3))  # loads take ~nothing here
@@ -123,17 +125,17 @@ def test_with_a_slow_tier_ttft_is_near_max_of_load_and_compute(checkpoint: Check
 def test_fusing_into_a_reused_dirty_cache_equals_a_fresh_one(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     # The vLLM engine hands fusion the previous request's buffer (workers/vllm/kv_buffer.py): whatever it held
     # must not leak into the new request's KV.
-    engine = BlendEngine(checkpoint)
+    engine = TorchEngine.from_checkpoint(checkpoint)
     record = qa_records[0]
     documents = [record["documents"][1], record["documents"][0]]
-    prompt = engine.layout(documents, record["question"])
-    engine.precompute(prompt)
-    fresh, _, _ = engine.fuse(prompt, "cacheblend", 0.15)
+    prompt = engine.fuser.layout(documents, record["question"])
+    engine.fuser.precompute(prompt)
+    fresh = engine.fuser.fuse(prompt, "cacheblend", 0.15).cache
     storage = torch.full((*fresh.data.shape[:2], fresh.capacity + 7, *fresh.data.shape[3:]), float("nan"),
                          dtype=fresh.data.dtype)
     reused = KVCache(checkpoint.config, fresh.capacity, fresh.data.dtype, storage=storage)
-    filled, _, _ = engine.fuse(prompt, "cacheblend", 0.15, cache=reused)
+    filled = engine.fuser.fuse(prompt, "cacheblend", 0.15, cache=reused).cache
     assert filled is reused and filled.data.data_ptr() == storage.data_ptr()
     assert torch.equal(filled.data, fresh.data)
     with pytest.raises(ValueError, match="cannot hold"):
-        engine.fuse(prompt, "cacheblend", 0.15, extra_capacity=8, cache=reused)
+        engine.fuser.fuse(prompt, "cacheblend", 0.15, cache=KVCache(checkpoint.config, fresh.capacity - 1, fresh.data.dtype))

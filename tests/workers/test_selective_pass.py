@@ -37,7 +37,7 @@ def encode(checkpoint: Checkpoint, text: str) -> list[int]:
 def test_last_layer_attends_only_for_the_last_token_and_matches_full_prefill(checkpoint: Checkpoint) -> None:
     runner = CountingRunner(checkpoint)
     ids = torch.tensor(encode(checkpoint, "".join(CHUNKS) + QUESTION))
-    layout = BlendLayout(ids, [])  # nothing cached: every token recomputed at every layer
+    layout = BlendLayout(ids, [], len(ids))  # nothing cached: every token recomputed at every layer
     cache = runner.new_cache(len(ids))
     result = selective_prefill(runner, layout, cache, torch.arange(len(ids)))
     assert runner.queries_per_layer == [len(ids)] * (runner.config.num_layers - 1) + [1]

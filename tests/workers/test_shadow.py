@@ -2,24 +2,25 @@
 import pytest
 
 from workers.checkpoint import Checkpoint
-from workers.engine import BlendEngine, BlendRequest
+from workers.engine_base import BlendRequest
+from workers.torch_engine import TorchEngine
 from workers.sampling import SamplingParams
 from workers.shadow import ShadowSampler
 
 SHORT = SamplingParams(max_new_tokens=2)
 
 
-def serve(engine: BlendEngine, sampler: ShadowSampler, record: dict, mode: str) -> bool:
+def serve(engine: TorchEngine, sampler: ShadowSampler, record: dict, mode: str) -> bool:
     request = BlendRequest(record["documents"], record["question"], mode, 0.15, SHORT)
     return sampler.observe(request, engine.open(request).stats)
 
 
 def test_every_sampled_request_is_compared(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
-    engine = BlendEngine(checkpoint)
+    engine = TorchEngine.from_checkpoint(checkpoint)
     sampler = ShadowSampler(engine, fraction=1.0)
     try:
         for record in qa_records:
-            engine.precompute(engine.layout(record["documents"], record["question"]))
+            engine.fuser.precompute(engine.fuser.layout(record["documents"], record["question"]))
             assert serve(engine, sampler, record, "full_reuse")
         assert not serve(engine, sampler, qa_records[0], "full_prefill")  # nothing to compare against
         sampler.drain()
@@ -33,7 +34,7 @@ def test_every_sampled_request_is_compared(checkpoint: Checkpoint, qa_records: l
 
 
 def test_fraction_zero_samples_nothing_and_a_full_queue_drops(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
-    engine = BlendEngine(checkpoint)
+    engine = TorchEngine.from_checkpoint(checkpoint)
     never = ShadowSampler(engine, fraction=0.0)
     assert not serve(engine, never, qa_records[0], "full_reuse")
     never.close()
@@ -49,4 +50,4 @@ def test_fraction_zero_samples_nothing_and_a_full_queue_drops(checkpoint: Checkp
 
 def test_fraction_is_validated(checkpoint: Checkpoint) -> None:
     with pytest.raises(ValueError):
-        ShadowSampler(BlendEngine(checkpoint), fraction=1.5)
+        ShadowSampler(TorchEngine.from_checkpoint(checkpoint), fraction=1.5)

@@ -1,6 +1,7 @@
 """The plain worker on the real model: streamed deltas equal the engine's answer; stop strings end decoding."""
 from workers.checkpoint import Checkpoint
-from workers.engine import BlendEngine, BlendRequest
+from workers.engine_base import BlendRequest
+from workers.torch_engine import TorchEngine
 from workers.sampling import SamplingParams
 from workers.worker import Finished, Job, TextDelta, Worker
 
@@ -17,8 +18,8 @@ def _run(worker: Worker, job: Job) -> tuple[str, Finished]:
 def test_streamed_text_is_the_engine_answer_and_stats_count_reuse(checkpoint: Checkpoint, qa_records: list[dict]):
     record = qa_records[0]
     request = BlendRequest(record["documents"], record["question"], "cacheblend", 0.15, GREEDY)
-    expected = BlendEngine(checkpoint).generate(request)
-    worker = Worker(BlendEngine(checkpoint), "worker-a")
+    expected = TorchEngine.from_checkpoint(checkpoint).generate(request)
+    worker = Worker(TorchEngine.from_checkpoint(checkpoint), "worker-a")
     text, first = _run(worker, Job(request))
     assert text.strip() == expected.text
     assert first.worker == "worker-a"
@@ -36,7 +37,7 @@ def test_stop_string_ends_decoding_early(checkpoint: Checkpoint, qa_records: lis
     record = qa_records[1]
     long_run = SamplingParams(max_new_tokens=24)
     request = BlendRequest(record["documents"], record["question"], "full_prefill", 1.0, long_run)
-    worker = Worker(BlendEngine(checkpoint), "worker-b")
+    worker = Worker(TorchEngine.from_checkpoint(checkpoint), "worker-b")
     full_text, full = _run(worker, Job(request))
     stop = full_text.strip().split()[1]  # the second word of the full answer
     text, stopped = _run(worker, Job(request, stop=(stop,)))

@@ -4,10 +4,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 
-from workers.engine import BlendEngine, BlendRequest, BlendResult
+from workers.engine_base import BlendRequest, BlendResult
+from workers.torch_engine import TorchEngine
 from workers.evaluation.dataset import QARecord
+from workers.evaluation.divergence import first_token_kl
 from workers.evaluation.scoring import best_f1, token_f1
 from workers.sampling import SamplingParams
 
@@ -47,13 +48,8 @@ class RunScores:
         }
 
 
-def first_token_kl(reference: torch.Tensor, other: torch.Tensor) -> float:
-    """KL(reference || other) of two first-token log-probability vectors. # [V], [V]"""
-    return float((reference.exp() * (reference - other)).sum().clamp_min(0.0))
-
-
 def evaluate(
-    engine: BlendEngine,
+    engine: TorchEngine,
     records: list[QARecord],
     runs: list[EvalRun],
     max_new_tokens: int = 32,
@@ -70,7 +66,7 @@ def evaluate(
     precompute_s = 0.0
     for index, record in enumerate(records):
         start_s = time.perf_counter()
-        engine.precompute(engine.layout(record.documents, record.question))
+        engine.fuser.precompute(engine.fuser.layout(record.documents, record.question))
         precompute_s += time.perf_counter() - start_s
         reference = _answer(engine, record, reference_run, sampling)
         for run in runs:
@@ -88,5 +84,5 @@ def evaluate(
     return {label: s.summary() for label, s in scores.items()}, precompute_s
 
 
-def _answer(engine: BlendEngine, record: QARecord, run: EvalRun, sampling: SamplingParams) -> BlendResult:
+def _answer(engine: TorchEngine, record: QARecord, run: EvalRun, sampling: SamplingParams) -> BlendResult:
     return engine.generate(BlendRequest(record.documents, record.question, run.mode, run.ratio, sampling))

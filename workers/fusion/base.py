@@ -100,5 +100,5 @@ class FusionMode(ABC):
 
 
 def all_positions(layout: BlendLayout) -> torch.Tensor:
-    """Every position of the sequence."""
-    return torch.arange(layout.num_tokens)
+    """Every position whose KV the pass computes."""
+    return torch.arange(layout.kv_end)

@@ -71,4 +71,4 @@ class CacheBlend(FusionMode):
 def step_deviation(step: LayerStep, metric: str) -> torch.Tensor:
     """Deviation of the step's fresh K/V from the cached K/V at the same positions. # [S]"""
     cached_k, cached_v = step.cache.data[step.layer, 0, step.positions], step.cache.data[step.layer, 1, step.positions]
-    return kv_deviation(step.k, step.v, cached_k, cached_v, metric)
+    return kv_deviation(step.k, step.v, cached_k, cached_v, metric).to(step.positions.device)  # selection runs on CPU

@@ -19,7 +19,7 @@ class CacheCraft(FusionMode):
         opts = self.options
         if step.layer != opts.filter_layers[0]:
             return None
-        if len(step.positions) != step.layout.num_tokens:
+        if len(step.positions) != step.layout.kv_end:
             raise ValueError("cachecraft needs every token recomputed up to its first filter layer")
         chunks = step.layout.chunk_segments()
         keep = step.layout.forced.clone()
@@ -48,8 +48,9 @@ def chunk_context_impact(q: torch.Tensor, k: torch.Tensor, chunks: list[Segment]
     impacts = []
     for seg in chunks:
         rows = torch.linspace(seg.start, seg.end - 1, min(num_queries, seg.num_tokens)).round().long()  # [S]
-        scores = torch.einsum("shd,nhd->hsn", q[rows].float(), k[: seg.end]) / math.sqrt(head_dim)
-        scores = scores.masked_fill(torch.arange(seg.end)[None, None, :] > rows[None, :, None], float("-inf"))
+        scores = torch.einsum("shd,nhd->hsn", q[rows.to(q.device)].float(), k[: seg.end]) / math.sqrt(head_dim)
+        later = torch.arange(seg.end)[None, None, :] > rows[None, :, None]  # [1, S, seg.end]
+        scores = scores.masked_fill(later.to(scores.device), float("-inf"))
         probs = scores.softmax(dim=-1)  # [H, S, seg.end]
         inter = probs[..., 1 : seg.start].sum(-1)
         intra = probs[..., seg.start :].sum(-1)

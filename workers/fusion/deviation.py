@@ -12,7 +12,7 @@ def kv_deviation(
     """Squared L2 distance per token between fresh and cached K, V or both. # [S, H_kv, D] x4 -> [S]"""
     if metric not in DEVIATION_METRICS:
         raise ValueError(f"unknown deviation metric {metric!r} (choose from {DEVIATION_METRICS})")
-    total = torch.zeros(fresh_k.shape[0])
+    total = torch.zeros(fresh_k.shape[0], device=fresh_k.device)
     if "k" in metric:
         total += (fresh_k.float() - cached_k.float()).pow(2).sum(dim=(1, 2))
     if "v" in metric:

@@ -52,6 +52,9 @@ def load_layer(layout: BlendLayout, cache: KVCache, layer: int, rotate: KeyRotat
         began = time.perf_counter()
         kv = next(seg.cached.layers)
         observe(seg.cached.source_tier, time.perf_counter() - began, kv.numel() * kv.element_size())
+        if cache.data.is_cuda and not kv.is_cuda:
+            # through torch's caching pinned allocator, so the copy to the GPU in `place` runs asynchronously
+            kv = kv.pin_memory()
         seg.place(cache, layer, kv, rotate)
 
 

@@ -29,20 +29,29 @@ class Segment:
     def place(self, cache: KVCache, layer: int, kv: torch.Tensor, rotate: KeyRotation) -> None:
         """Write one cached layer `[2, T, H_kv, D]` at the segment's offset, keys re-rotated to it."""
         assert self.cached is not None
+        kv = kv.to(cache.data.device, non_blocking=True)  # from (pinned) host memory when the cache is on a GPU
         cache.data[layer, 0, self.start : self.end] = rotate(kv[0], self.start - self.cached.base_position)
         cache.data[layer, 1, self.start : self.end] = kv[1]
 
 
 @dataclass(slots=True)
 class BlendLayout:
-    """The whole prompt as one id sequence plus its segments in order."""
+    """The whole prompt (question included) as one id sequence plus its segments in order.
+
+    The pass computes KV for positions [0, kv_end): every token in the torch engine; the context in the vLLM
+    engine, where vLLM prefills the question itself. Tokens past kv_end stay visible to the fusion modes (a
+    mode may compute the question's queries over the assembled context) but are never written to the cache.
+    """
 
     token_ids: torch.Tensor  # [N]
     segments: list[Segment]
-    forced: torch.Tensor = field(init=False)  # [N] bool: always recomputed (suffix, uncached, last token)
+    kv_end: int
+    forced: torch.Tensor = field(init=False)  # [kv_end] bool: always recomputed (suffix, uncached, last token)
 
     def __post_init__(self) -> None:
-        self.forced = torch.zeros(len(self.token_ids), dtype=torch.bool)
+        if not 0 < self.kv_end <= len(self.token_ids):
+            raise ValueError(f"kv_end must be in [1, {len(self.token_ids)}], got {self.kv_end}")
+        self.forced = torch.zeros(self.kv_end, dtype=torch.bool)
         for seg in self.segments:
             if seg.cached is None:
                 self.forced[seg.start : seg.end] = True
@@ -55,10 +64,12 @@ class BlendLayout:
         cached: list[ChunkKV | ChunkLayers | None],
         cached_prefix: ChunkKV | ChunkLayers | None,
         held: frozenset[int] = frozenset(),
+        kv_end: int | None = None,
     ) -> "BlendLayout":
         """Segments for prefix, each chunk (with its cached KV or None), and the suffix.
 
-        `held`: indices of chunks (-1: the prefix) that are cached but recomputed by choice.
+        `held`: indices of chunks (-1: the prefix) that are cached but recomputed by choice. `kv_end`: how many
+        leading tokens the pass computes KV for (None: all).
         """
         if len(cached) != len(prompt.chunk_ids):
             raise ValueError(f"{len(cached)} cache entries for {len(prompt.chunk_ids)} chunks")
@@ -73,7 +84,7 @@ class BlendLayout:
                 start += len(ids)
         if start == 0:
             raise ValueError("the prompt is empty")
-        return cls(torch.tensor(prompt.token_ids, dtype=torch.long), segments)
+        return cls(torch.tensor(prompt.token_ids, dtype=torch.long), segments, start if kv_end is None else kv_end)
 
     @property
     def num_tokens(self) -> int:
@@ -84,6 +95,11 @@ class BlendLayout:
     def num_context_tokens(self) -> int:
         """Tokens before the suffix (prefix and chunks)."""
         return sum(s.num_tokens for s in self.segments if s.kind != SUFFIX)
+
+    @property
+    def question(self) -> Segment | None:
+        """The suffix (the question in its template), whether or not the pass computes its KV."""
+        return next((s for s in self.segments if s.kind == SUFFIX), None)
 
     def chunk_segments(self) -> list[Segment]:
         """Cached document chunks, in prompt order."""

@@ -40,9 +40,9 @@ class OracleSelection(FusionMode):
         else:
             for layer in range(runner.config.num_layers):
                 feed.wait(layer)
-        num_tokens = layout.num_tokens
+        num_tokens = layout.kv_end
         reference = runner.new_cache(num_tokens)
-        runner.forward(layout.token_ids, reference, 0)
+        runner.forward(layout.token_ids[:num_tokens], reference, 0)
         error = kv_error(reference.data[:, :, :num_tokens], cache.data[:, :, :num_tokens])
         positions = oracle_positions(error, layout.forced, ratio, self.options.selection_span_tokens)
         return selective_prefill(runner, layout, cache, positions)

@@ -24,9 +24,10 @@ class PrefixCache(FusionMode):
         self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
     ) -> PrefillResult:
         """Load the matched prefix blocks, compute the rest, then remember this prompt's blocks."""
-        hashes = block_hashes(layout.token_ids.tolist(), self.cache.block_tokens)  # hashed once per request
+        # hashed once per request, over the tokens whose KV this pass computes
+        hashes = block_hashes(layout.token_ids[: layout.kv_end].tolist(), self.cache.block_tokens)
         # The last token is always computed (it yields the logits), so only blocks before it may hit.
-        blocks = self.cache.match(hashes[: (layout.num_tokens - 1) // self.cache.block_tokens])
+        blocks = self.cache.match(hashes[: (layout.kv_end - 1) // self.cache.block_tokens])
         num_hit = len(blocks) * self.cache.block_tokens
         if blocks:
             cache.data[:, :, :num_hit] = torch.cat(blocks, dim=2)

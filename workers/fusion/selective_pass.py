@@ -75,5 +75,5 @@ def selective_prefill(
         if keep is not None:
             positions, h, q = positions[keep], h[keep], q[keep]
         h = runner.attend_and_mlp(layer, h, q, positions, cache)
-    cache.length = max(cache.length, layout.num_tokens)
+    cache.length = max(cache.length, layout.kv_end)
     return PrefillResult(h[-1], work, num_context, runner.config.num_layers)

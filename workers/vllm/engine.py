@@ -1,20 +1,27 @@
-"""The vLLM engine: blendserve fuses the context KV, vLLM schedules, batches, prefills the question and decodes."""
+"""The vLLM engine: its Fuser fills the context KV; vLLM schedules, batches, prefills the question and decodes."""
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore
-from workers.engine import BlendEngine, BlendRequest, Generation, PrefillStats
-from workers.engine_base import Engine, StoredChunk
-from workers.fusion.base import FusionOptions
-from workers.fusion.layout import SUFFIX, BlendLayout
-from workers.prompt import PromptLayout, PromptTemplate
+from workers.chunk_store import DEFAULT_NAMESPACE
+from workers.engine_base import (
+    BlendRequest,
+    Engine,
+    EngineLimits,
+    Generation,
+    PrefillStats,
+    StoredChunk,
+    check_request,
+)
+from workers.fuser import FusedPrompt, Fuser
+from workers.prompt import PromptLayout
+from workers.runner import ModelRunner
 from workers.sampling import SamplingParams
 from workers.vllm.blocks import injectable_tokens
 from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
@@ -29,83 +36,81 @@ from workers.vllm.settings import VLLMSettings
 PLAIN_MODE = "full_prefill"  # served by vLLM alone: no fusion, no injection
 
 
-class VLLMEngine(Engine):
-    """Fusion (BlendEngine's, on vLLM's loaded modules) writes the context KV; vLLM does the rest, batched."""
+@dataclass(slots=True)
+class _Submitted:
+    """A request handed to vLLM: its token stream, and the fusion whose context KV it was given (if any)."""
 
-    def __init__(
-        self,
+    stream: TokenStream
+    fused: FusedPrompt | None
+    injected_tokens: int  # context tokens the connector writes into vLLM's cache
+
+
+class VLLMEngine(Engine):
+    """One vLLM engine on its own thread; the Fuser computes with vLLM's loaded modules on that thread."""
+
+    def __init__(self, loop: EngineLoop, fuser: Fuser, settings: VLLMSettings) -> None:
+        self._loop = loop
+        self.fuser = fuser
+        self.settings = settings
+        self.max_concurrent_jobs = settings.max_concurrent_jobs
+        runner = fuser.runner
+        self._buffer = ReusedKVBuffer(runner.config, runner.dtype, runner.device)
+        self.stop_token_ids = tuple(runner.config.eos_token_ids) or (fuser.tokenizer.eos_token_id,)
+        self._vocab_size = runner.config.vocab_size
+        max_context = min(settings.max_model_len, runner.config.max_position_embeddings)
+        self._limits = EngineLimits(max_context, frozenset(fuser.modes))
+
+    @classmethod
+    def start(
+        cls,
         model_path: Path,
         scratch_dir: Path,
         settings: VLLMSettings = VLLMSettings(),
-        options: FusionOptions = FusionOptions(),
-        store: ChunkStore | None = None,
-        template: PromptTemplate | None = None,
-        chunk_context: str = "prefix",
         dtype: str = "bfloat16",  # concrete (workers.dtype.resolve_dtype makes "auto" so)
-    ) -> None:
-        self.settings = settings
-        self.max_concurrent_jobs = settings.max_concurrent_jobs
+        make_fuser: Callable[[ModelRunner], Fuser] = Fuser,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> "VLLMEngine":
+        """Load vLLM (once: the fusion computes with vLLM's weights), then the Fuser `make_fuser` builds on it."""
         cpu = settings.device == "cpu" or (settings.device == "auto" and not torch.cuda.is_available())
         set_cpu_env(Path(scratch_dir), in_process=True, num_threads=settings.num_threads, cpu=cpu)
-        self._loop = EngineLoop(lambda: _build_llm_engine(Path(model_path), settings, dtype))
-        model = self._loop.call(self._model)
-        checkpoint = shared_checkpoint(Path(model_path), model, template.tokenizer if template else None)
-        block_size = self._loop.engine.vllm_config.cache_config.block_size
-        self.blend = BlendEngine(checkpoint, options, store, template, chunk_context)
-        paged = PagedAttention.from_vllm_model(model, block_size) if settings.paged_fusion_attention else None
-        self.blend.runner = VLLMModuleRunner(checkpoint, model, paged)  # fusion computes with vLLM's weights
-        self._buffer = ReusedKVBuffer(checkpoint.config, self.blend.runner.dtype)
-        self.stop_token_ids = self.blend.stop_token_ids
-        self._vocab_size = checkpoint.config.vocab_size
+        loop = EngineLoop(lambda: _build_llm_engine(Path(model_path), settings, dtype))
+        model = loop.call(lambda: _model(loop.engine))
+        checkpoint = shared_checkpoint(Path(model_path), model, tokenizer)
+        block_size = loop.engine.vllm_config.cache_config.block_size
+        paged = PagedAttention.from_vllm_model(model, block_size) if cpu and settings.paged_fusion_attention else None
+        try:
+            return cls(loop, make_fuser(VLLMModuleRunner(checkpoint, model, paged)), settings)
+        except BaseException:
+            loop.close()
+            raise
 
     @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The served model's tokenizer."""
-        return self.blend.tokenizer
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype vLLM and the fusion compute and cache KV in."""
-        return self.blend.runner.dtype
-
-    @property
-    def max_context_tokens(self) -> int:
-        """Prompt plus generated tokens vLLM schedules for one request."""
-        return min(self.settings.max_model_len, self.blend.max_context_tokens)
+    def limits(self) -> EngineLimits:
+        """What vLLM schedules for one request (max_model_len within the model's context); every fusion mode."""
+        return self._limits
 
     def open(self, request: BlendRequest) -> Generation:
         """Fuse the context (one request at a time), hand the request to vLLM, return at its first token."""
-        if request.mode != PLAIN_MODE and request.mode not in self.blend.modes:
-            raise ValueError(f"unknown fusion mode {request.mode!r}; choose from {sorted(self.blend.modes)}")
-        ratio = self.blend.options.recompute_ratio if request.recompute_ratio is None else request.recompute_ratio
-        if not 0.0 <= ratio <= 1.0:
-            raise ValueError(f"recompute_ratio must be in [0, 1], got {ratio}")
+        start_s = time.perf_counter()
+        prompt = self.fuser.layout(request.documents, request.question)
+        check_request(request, len(prompt.token_ids), self.limits)
+        ratio = self.fuser.ratio_for(request.recompute_ratio)
         sampling = request.sampling
         if not sampling.stop_token_ids:
             sampling = replace(sampling, stop_token_ids=self.stop_token_ids)
-        start_s = time.perf_counter()
-        prompt = self.blend.layout(request.documents, request.question)
-        num_tokens = len(prompt.token_ids)
-        if num_tokens + sampling.max_new_tokens > self.max_context_tokens:
-            raise ValueError(
-                f"prompt of {num_tokens} tokens plus max_tokens {sampling.max_new_tokens} exceeds the "
-                f"model's context of {self.max_context_tokens} tokens"
-            )
-        fused: dict[str, Any] = {}
-        stream = self._loop.call(lambda: self._submit(prompt, request, ratio, sampling, fused))
-        tokens = iter(stream)
+        submitted = self._loop.call(lambda: self._submit(prompt, request, ratio, sampling))
+        tokens = iter(submitted.stream)
         try:
             first = next(tokens)
         except BaseException:
-            self._loop.abort(stream)
+            self._loop.abort(submitted.stream)
             raise
-        stats = self._stats(request.mode, ratio, time.perf_counter() - start_s, prompt, fused, stream)
-        write_back = self._write_back(prompt, request, fused.get("layout"))
-        return Generation(stats, self._tokens(first, tokens, stream), write_back)
+        stats = self._stats(request.mode, ratio, time.perf_counter() - start_s, prompt, submitted)
+        return Generation(stats, self._tokens(first, tokens, submitted.stream), self._write_back(prompt, request, submitted))
 
     def store_documents(self, documents: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[StoredChunk]:
         """Compute (if missing) and store each document's chunk KV, on the engine thread."""
-        return self._loop.call(lambda: self.blend.store_documents(documents, namespace))
+        return self._loop.call(lambda: self.fuser.store_documents(documents, namespace))
 
     def close(self) -> None:
         """Stop the engine thread."""
@@ -122,37 +127,29 @@ class VLLMEngine(Engine):
 
     # ---------------- on the engine thread ----------------
 
-    def _model(self) -> torch.nn.Module:
-        models = self._loop.engine.apply_model(lambda model: model)
-        if len(models) != 1:
-            raise RuntimeError(f"expected one in-process vLLM worker, got {len(models)}")
-        return models[0]
-
-    def _submit(
-        self, prompt: PromptLayout, request: BlendRequest, ratio: float, sampling: SamplingParams, fused: dict[str, Any]
-    ) -> TokenStream:
+    def _submit(self, prompt: PromptLayout, request: BlendRequest, ratio: float, sampling: SamplingParams) -> _Submitted:
         params = self._vllm_params(sampling)
-        key = None
-        if request.mode != PLAIN_MODE and len(prompt.token_ids) > len(prompt.suffix_ids):  # some context to fuse
-            context = replace(prompt, suffix_ids=[])  # vLLM prefills the question itself, over the fused KV
-            cache = self._buffer.take(len(context.token_ids))
+        context = len(prompt.token_ids) - len(prompt.suffix_ids)
+        fused, key, injected = None, None, 0
+        if request.mode != PLAIN_MODE and context > 0:
+            # The fusion sees the whole prompt but computes KV for the context only: vLLM prefills the question.
+            cache = self._buffer.take(context)
             try:
-                cache, prefill, layout = self.blend.fuse(context, request.mode, ratio, 0, request.namespace, cache)
-                num_context = layout.num_context_tokens
-                injected = injectable_tokens(num_context, len(prompt.token_ids))
-                fused.update(layout=layout, fraction=prefill.recomputed_fraction, injected=injected)
+                fused = self.fuser.fuse(prompt, request.mode, ratio, request.namespace, cache, kv_end=context)
+                injected = injectable_tokens(context, len(prompt.token_ids))
                 if injected > 0:
-                    key = put_kv(cache.data[:, :, :num_context])
-                    extra = ContextKVParams(num_context, key=key).as_extra_args()
+                    key = put_kv(cache.data[:, :, :context])
+                    extra = ContextKVParams(context, key=key).as_extra_args()
                     params.extra_args = {**(params.extra_args or {}), **extra}
             finally:
                 self._buffer.release(cache, key)  # reusable once the connector drops the KV (request finished)
         try:
-            return self._loop.add_request(uuid.uuid4().hex, {"prompt_token_ids": prompt.token_ids}, params)
+            stream = self._loop.add_request(uuid.uuid4().hex, {"prompt_token_ids": prompt.token_ids}, params, key)
         except BaseException:
             if key is not None:
                 drop_kv(key)
             raise
+        return _Submitted(stream, fused, injected)
 
     def _vllm_params(self, sampling: SamplingParams) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -179,49 +176,43 @@ class VLLMEngine(Engine):
         finally:
             self._loop.abort(stream)  # no-op once vLLM finished it
 
-    def _write_back(self, prompt: PromptLayout, request: BlendRequest, layout: BlendLayout | None) -> Any:
-        missed = layout is not None and self.blend.modes[request.mode].reads_chunk_cache and any(
-            seg.cached is None and seg.kind != SUFFIX for seg in layout.segments
-        )
+    def _write_back(self, prompt: PromptLayout, request: BlendRequest, submitted: _Submitted) -> Callable[[], None]:
+        fused = submitted.fused
 
         def write_back() -> None:
-            if missed:
-                self._loop.call(lambda: self.blend.precompute(prompt, request.namespace))
+            if fused is not None and fused.missed:
+                self._loop.call(lambda: self.fuser.write_back(fused, prompt, request.namespace))
 
         return write_back
 
-    def _stats(
-        self, mode: str, ratio: float, ttft_s: float, prompt: PromptLayout, fused: dict[str, Any], stream: TokenStream
-    ) -> PrefillStats:
+    def _stats(self, mode: str, ratio: float, ttft_s: float, prompt: PromptLayout, submitted: _Submitted) -> PrefillStats:
         num_tokens = len(prompt.token_ids)
         context = num_tokens - len(prompt.suffix_ids)
-        layout: BlendLayout | None = fused.get("layout")
-        injected = fused.get("injected", 0)  # context tokens the connector writes, decided when fusing
-        fraction = fused.get("fraction", 1.0) if injected else 1.0
+        injected, fused = submitted.injected_tokens, submitted.fused
+        fraction = fused.prefill.recomputed_fraction if fused is not None and injected else 1.0
         logprobs = torch.full((self._vocab_size,), float("-inf"))
-        for token, value in stream.first_logprobs.items():
+        for token, value in submitted.stream.first_logprobs.items():
             logprobs[token] = value
         return PrefillStats(
-            mode=mode,
-            recompute_ratio=ratio,
+            mode=mode if fused is None else fused.mode.name,
+            recompute_ratio=ratio if fused is None else fused.ratio,
             ttft_s=ttft_s,
             num_prompt_tokens=num_tokens,
             context_tokens=context,
-            reused_tokens_by_tier=_reused_by_tier(layout, injected),
+            # only the injected context reached vLLM: cached KV beyond it was recomputed there
+            reused_tokens_by_tier=fused.reused_tokens_by_tier(injected) if fused is not None else {},
             recomputed_tokens=round(fraction * injected) + num_tokens - injected,
             recomputed_fraction=(fraction * injected + context - injected) / max(context, 1),
             first_token_logprobs=logprobs,
         )
 
 
-def _reused_by_tier(layout: BlendLayout | None, injected: int) -> dict[str, int]:
-    """Tokens of cached KV that reached vLLM (the injected context), per tier they were found in."""
-    reused: dict[str, int] = {}
-    for seg in layout.segments if layout is not None else ():
-        overlap = min(seg.end, injected) - seg.start
-        if seg.cached is not None and overlap > 0:
-            reused[seg.cached.source_tier] = reused.get(seg.cached.source_tier, 0) + overlap
-    return reused
+def _model(engine: Any) -> torch.nn.Module:
+    """The one in-process model of vLLM's LLMEngine."""
+    models = engine.apply_model(lambda model: model)
+    if len(models) != 1:
+        raise RuntimeError(f"expected one in-process vLLM worker, got {len(models)}")
+    return models[0]
 
 
 def _build_llm_engine(model_path: Path, settings: VLLMSettings, dtype: str) -> Any:

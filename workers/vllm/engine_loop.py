@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from workers.vllm.handoff import drop_kv
+
 T = TypeVar("T")
 _END = object()
 _STOP = object()
@@ -16,8 +18,9 @@ _log = logging.getLogger(__name__)
 class TokenStream:
     """One vLLM request's token ids as steps produce them; first-token logprobs once known."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, held_kv: str | None = None) -> None:
         self.request_id = request_id
+        self.held_kv = held_kv  # the handoff key of the context KV lent to vLLM for this request, if any
         self.first_logprobs: dict[int, float] = {}
         self.num_cached_tokens = 0
         self.kv_transfer_params: dict[str, Any] | None = None
@@ -73,10 +76,13 @@ class EngineLoop:
         """Run `fn` on the engine thread and wait for its result."""
         return self.submit(fn).result()
 
-    def add_request(self, request_id: str, prompt: dict[str, Any], params: Any) -> TokenStream:
-        """Hand a request to vLLM (engine thread only); its outputs go to the returned stream."""
+    def add_request(self, request_id: str, prompt: dict[str, Any], params: Any, held_kv: str | None = None) -> TokenStream:
+        """Hand a request to vLLM (engine thread only); its outputs go to the returned stream.
+
+        `held_kv`: the handoff key of the context KV the request carries, released here if the request fails.
+        """
         self.engine.add_request(request_id, prompt, params)  # returns vLLM's internal id; outputs carry ours
-        stream = TokenStream(request_id)
+        stream = TokenStream(request_id, held_kv)
         self._streams[request_id] = stream
         self.peak_running = max(self.peak_running, len(self._streams))
         return stream
@@ -95,6 +101,18 @@ class EngineLoop:
     def num_running(self) -> int:
         """Requests vLLM holds now."""
         return len(self._streams)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Abort every running request in vLLM, release the KV lent to it, and end its stream with `error`."""
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            try:
+                self.engine.abort_request([stream.request_id])
+            except Exception:  # an engine that just failed may refuse; the request is dropped from ours anyway
+                _log.warning("blendserve: vLLM could not abort request %s", stream.request_id, exc_info=True)
+            if stream.held_kv is not None:
+                drop_kv(stream.held_kv)
+            stream.fail(error)
 
     def _abort(self, stream: TokenStream) -> None:
         if self._streams.pop(stream.request_id, None) is not None:
@@ -124,18 +142,14 @@ class EngineLoop:
                         future.set_exception(error)
             if self._streams:
                 self._step()
-        for stream in self._streams.values():
-            stream.fail(RuntimeError("the vLLM engine stopped"))
-        self._streams.clear()
+        self._fail_all(RuntimeError("the vLLM engine stopped"))
 
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as error:  # every running request fails; later requests may still work
-            _log.exception("blendserve: vLLM engine step failed")
-            for stream in self._streams.values():
-                stream.fail(error)
-            self._streams.clear()
+        except Exception as error:  # every running request fails; later requests are served as usual
+            _log.exception("blendserve: vLLM engine step failed; aborting its %d requests", len(self._streams))
+            self._fail_all(error)
             return
         for output in outputs:
             stream = self._streams.get(output.request_id)

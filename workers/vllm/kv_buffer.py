@@ -14,9 +14,10 @@ class ReusedKVBuffer:
     is free when its last fusion was released unused or vLLM dropped the KV lent under its handoff key.
     """
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
         self.config = config
         self.dtype = dtype
+        self.device = device
         self._storage: torch.Tensor | None = None  # [L, 2, capacity, H_kv, D]
         self._in_use = False
         self._lent_key: str | None = None
@@ -24,9 +25,9 @@ class ReusedKVBuffer:
     def take(self, capacity: int) -> KVCache:
         """A cache of `capacity` slots: over the reused memory when free (grown if too small), else fresh."""
         if self._in_use or (self._lent_key is not None and get_kv(self._lent_key) is not None):
-            return KVCache(self.config, capacity, self.dtype)  # the buffer still holds a live request's KV
+            return KVCache(self.config, capacity, self.dtype, self.device)  # it still holds a live request's KV
         if self._storage is None or self._storage.shape[2] < capacity:
-            self._storage = KVCache(self.config, capacity, self.dtype).data
+            self._storage = KVCache(self.config, capacity, self.dtype, self.device).data
         self._in_use, self._lent_key = True, None
         return KVCache(self.config, capacity, self.dtype, storage=self._storage)
 

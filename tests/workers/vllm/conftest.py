@@ -57,7 +57,7 @@ def vllm_engine(llm: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     from workers.vllm.settings import VLLMSettings
 
     settings = VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES)
-    engine = VLLMEngine(prepare_default_model(), tmp_path_factory.mktemp("vllm-engine"), settings, dtype=DTYPE)
+    engine = VLLMEngine.start(prepare_default_model(), tmp_path_factory.mktemp("vllm-engine"), settings, DTYPE)
     try:
         yield engine
     finally:

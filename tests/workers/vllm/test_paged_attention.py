@@ -28,7 +28,7 @@ def _positions(num_keys: int, num_queries: int, layout: str) -> torch.Tensor:
 def test_paged_attention_matches_positional_attention(
     vllm_engine, num_keys: int, num_queries: int, layout: str
 ) -> None:
-    paged = vllm_engine.blend.runner.paged
+    paged = vllm_engine.fuser.runner.paged
     assert paged is not None  # on CPU the engine's fusion uses the kernel
     torch.manual_seed(0)
     heads, kv_heads, dim = paged.num_heads, paged.num_kv_heads, paged.head_dim

@@ -12,7 +12,7 @@ if importlib.util.find_spec("vllm") is None:
 from vllm import SamplingParams as VLLMSamplingParams  # noqa: E402
 
 from tests.workers.vllm.conftest import DATA_FILE, LOGPROB_ATOL  # noqa: E402
-from workers.engine import BlendRequest  # noqa: E402
+from workers.engine_base import BlendRequest  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
 from workers.sampling import SamplingParams  # noqa: E402
 from workers.vllm import handoff  # noqa: E402
@@ -45,7 +45,7 @@ def _answer(engine, docs, question, mode="cacheblend", ratio=None, namespace="de
 def test_full_prefill_mode_is_plain_vllm(vllm_engine, llm, records) -> None:
     for docs, question in records:
         tokens, stats = _answer(vllm_engine, docs, question, "full_prefill")
-        prompt = vllm_engine.blend.layout(docs, question).token_ids
+        prompt = vllm_engine.fuser.layout(docs, question).token_ids
         plain = llm.generate(
             [{"prompt_token_ids": prompt}], VLLMSamplingParams(max_tokens=NUM_TOKENS, temperature=0), use_tqdm=False
         )[0]
@@ -59,7 +59,7 @@ def test_vllm_rotary_kernel_moves_cached_keys_and_rotates_fresh_ones_like_blends
     # Keys computed at positions p and moved by d equal keys computed at p + d (vLLM's rotary kernel for
     # 0 < d < its table, blendserve's rotation otherwise); the fresh Q/K/V of vLLM's modules equal blendserve's.
     # float32: the two differ only in rounding (vLLM's angle table is float32, blendserve's float64).
-    ours, cfg = vllm_engine.blend.runner, vllm_engine.blend.runner.config
+    ours, cfg = vllm_engine.fuser.runner, vllm_engine.fuser.runner.config
     torch.manual_seed(0)
     h = torch.randn(40, cfg.hidden_size)
     base = torch.arange(900, 940)
@@ -137,6 +137,30 @@ def test_early_close_aborts_the_request(vllm_engine, records) -> None:
     tokens.close()
     _, stats = _answer(vllm_engine, docs, question, "full_prefill")  # the engine keeps serving
     assert stats.num_prompt_tokens > 0
+
+
+def test_a_failed_engine_step_aborts_its_requests_and_the_next_one_is_served(
+    vllm_engine, records, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs, question = records[2]
+    vllm_engine.store_documents(docs, "failure")
+    loop = vllm_engine._loop
+    step = loop.engine.step
+    failures = [RuntimeError("injected step failure")]
+
+    def failing_step():  # the first step after this fails, as a kernel error would
+        if failures:
+            raise failures.pop()
+        return step()
+
+    monkeypatch.setattr(loop.engine, "step", failing_step)
+    with pytest.raises(RuntimeError, match="injected step failure"):
+        _answer(vllm_engine, docs, question, namespace="failure")
+    assert not failures and loop.num_running == 0
+    assert handoff.num_held() == 0  # the context KV lent to the failed request was released
+    assert not loop.engine.has_unfinished_requests()  # and vLLM aborted it
+    tokens, stats = _answer(vllm_engine, docs, question, namespace="failure")
+    assert tokens and stats.reused_tokens > 0
 
 
 def test_unknown_mode_and_too_long_prompts_are_refused(vllm_engine, records) -> None:

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from kvplane.latency import LoadQuantiles
 from workers.delay_model import RecomputeDelayModel
 from workers.fusion.base import FusionOptions
-from workers.loading_controller import (
+from workers.load_plan import (
     ChunkAction,
     ChunkPlacement,
     ControllerOptions,

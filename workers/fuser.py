@@ -1,0 +1,202 @@
+"""The fusion core both engines compose: lay a request out, look its chunks up, fuse them with a mode, write back."""
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from kvplane.layer_stream import ChunkLost
+from workers.chunk_kv import compute_chunk_kv
+from workers.chunk_lookup import LookupResult, lookup_layout
+from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore
+from workers.engine_base import StoredChunk
+from workers.fusion.base import FusionMode, FusionOptions
+from workers.fusion.full_prefill import FullPrefill
+from workers.fusion.layer_feed import LayerLoader, PipelinedLoader, ignore_fetch
+from workers.fusion.layout import PREFIX, SUFFIX, BlendLayout, Segment
+from workers.fusion.registry import make_fusion_modes
+from workers.fusion.selective_pass import PrefillResult
+from workers.kv_cache import KVCache
+from workers.loading_controller import LoadingController
+from workers.prompt import PromptLayout, PromptTemplate
+from workers.runner import ModelRunner
+
+CHUNK_CONTEXTS = ("alone", "prefix")  # what a chunk's KV is computed after: nothing, or the prompt prefix
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class FusedPrompt:
+    """A prompt's KV as one fusion mode filled it, and the layout its cached parts were found in."""
+
+    cache: KVCache
+    prefill: PrefillResult
+    layout: BlendLayout
+    mode: FusionMode
+    ratio: float  # the ratio the pass ran at: the controller's choice, or raised by the check layer
+
+    def reused_tokens_by_tier(self, end: int | None = None) -> dict[str, int]:
+        """Tokens of reused KV before position `end` (all by default), per tier they were found in."""
+        end = self.layout.num_tokens if end is None else end
+        reused: dict[str, int] = {}
+        for seg in self.layout.cached_segments():
+            overlap = min(seg.end, end) - seg.start
+            if seg.cached is not None and overlap > 0:
+                reused[seg.cached.source_tier] = reused.get(seg.cached.source_tier, 0) + overlap
+        return reused
+
+    @property
+    def missed(self) -> bool:
+        """Whether a part the mode would have read from the chunk cache was not there (so is worth writing back)."""
+        return self.mode.reads_chunk_cache and any(_missed(seg) for seg in self.layout.segments)
+
+
+class Fuser:
+    """One model's fusion: the runner it computes with, its modes, chunk store, prompt template and KV loader.
+
+    With a `controller`, each request's ratio and per-chunk tier or recompute follow its plan. With
+    `blending_refused` (the canary gate failed), every mode that reads cached chunks serves full prefill.
+    `modes`: the registry requests choose from by name (every registered mode by default).
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        options: FusionOptions = FusionOptions(),
+        store: ChunkStore | None = None,
+        template: PromptTemplate | None = None,
+        chunk_context: str = "prefix",
+        loader: LayerLoader | None = None,
+        controller: LoadingController | None = None,
+        blending_refused: str | None = None,
+        modes: Mapping[str, FusionMode] | None = None,
+    ) -> None:
+        if chunk_context not in CHUNK_CONTEXTS:
+            raise ValueError(f"chunk_context must be one of {CHUNK_CONTEXTS}, got {chunk_context!r}")
+        self.runner = runner
+        self.options = options
+        self.store = store if store is not None else LocalChunkStore()
+        self.template = template or PromptTemplate(runner.checkpoint.tokenizer)
+        self.chunk_context = chunk_context
+        self.loader = loader if loader is not None else PipelinedLoader()
+        self.controller = controller
+        self.blending_refused = blending_refused
+        modes = make_fusion_modes(options) if modes is None else dict(modes)
+        if blending_refused is not None:
+            full = FullPrefill(options)
+            modes = {name: full if mode.reads_chunk_cache else mode for name, mode in modes.items()}
+        self.modes = modes
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer."""
+        return self.runner.checkpoint.tokenizer
+
+    def layout(self, documents: list[str], question: str) -> PromptLayout:
+        """Token layout of a request under the template."""
+        return self.template.layout(documents, question)
+
+    def ratio_for(self, requested: float | None) -> float:
+        """A request's ratio, or the configured default when it asks for none."""
+        return self.options.recompute_ratio if requested is None else requested
+
+    def precompute(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""
+        parts = [(prompt.prefix_ids, True)] + [(ids, False) for ids in prompt.chunk_ids]
+        missing = [(ids, is_prefix) for ids, is_prefix in parts if ids and not self._tiers(ids, is_prefix, prompt, namespace)]
+        for ids, is_prefix in missing:
+            self._store(ids, is_prefix, prompt, namespace)
+        return len(missing)
+
+    def store_documents(self, documents: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[StoredChunk]:
+        """Compute (if missing) and store each document's chunk KV; where each now lives, in order."""
+        prompt = self.layout(documents, "")
+        stored = []
+        for ids in prompt.chunk_ids:
+            computed = not self._tiers(ids, False, prompt, namespace)
+            if computed:
+                self._store(ids, False, prompt, namespace)
+            stored.append(StoredChunk(len(ids), computed))
+        if prompt.prefix_ids and not self._tiers(prompt.prefix_ids, True, prompt, namespace):
+            self._store(prompt.prefix_ids, True, prompt, namespace)
+        self.store.flush()
+        for chunk, ids in zip(stored, prompt.chunk_ids):
+            chunk.key = self.store.key(ids, self._context_ids(False, prompt), namespace)
+            chunk.tiers = self._tiers(ids, False, prompt, namespace)
+        return stored
+
+    def fuse(
+        self,
+        prompt: PromptLayout,
+        mode_name: str,
+        ratio: float,
+        namespace: str = DEFAULT_NAMESPACE,
+        cache: KVCache | None = None,
+        kv_end: int | None = None,
+    ) -> FusedPrompt:
+        """Fill `cache` (a new one when None) with the KV of the prompt's first `kv_end` tokens (all by default).
+
+        The layout holds the whole prompt either way, so a mode may read the question.
+        """
+        kv_end = len(prompt.token_ids) if kv_end is None else kv_end
+        cache = self.runner.new_cache(kv_end) if cache is None else cache
+        if cache.capacity < kv_end:
+            raise ValueError(f"a cache of {cache.capacity} slots cannot hold the {kv_end} this prompt needs")
+        mode = self.modes[mode_name]
+        try:
+            return self._fuse_once(prompt, mode, ratio, cache, namespace, kv_end)
+        except ChunkLost as err:  # a chunk vanished mid-stream from every tier: look everything up again
+            _log.warning("blendserve: %s; retrying the request's lookups", err)
+            return self._fuse_once(prompt, mode, ratio, cache, namespace, kv_end)
+
+    def write_back(self, fused: FusedPrompt, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Compute and store the parts a chunk-reading mode missed (never the question)."""
+        if not fused.mode.reads_chunk_cache:
+            return
+        for seg in fused.layout.segments:
+            if _missed(seg):
+                ids = fused.layout.token_ids[seg.start : seg.end].tolist()
+                self._store(ids, seg.kind == PREFIX, prompt, namespace)
+
+    def _fuse_once(
+        self, prompt: PromptLayout, mode: FusionMode, ratio: float, cache: KVCache, namespace: str, kv_end: int
+    ) -> FusedPrompt:
+        lookup = self._lookup(prompt, mode.reads_chunk_cache, namespace, ratio, kv_end)
+        observe = self.controller.observe if self.controller is not None else ignore_fetch
+        with self.loader.start(lookup.layout, cache, self.runner.rerotate_keys, observe) as feed:
+            prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.ratio, feed)
+        used = lookup.ratio if prefill.recompute_ratio is None else prefill.recompute_ratio
+        return FusedPrompt(cache, prefill, lookup.layout, mode, used)
+
+    def _lookup(self, prompt: PromptLayout, reads_cache: bool, namespace: str, ratio: float, kv_end: int) -> LookupResult:
+        if not reads_cache:
+            return LookupResult(BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None, kv_end=kv_end), ratio)
+        cfg = self.runner.config
+        layer_bytes_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * self.runner.dtype.itemsize
+        return lookup_layout(
+            self.store,
+            prompt,
+            lambda is_prefix: self._context_ids(is_prefix, prompt),
+            namespace,
+            ratio,
+            self.controller,
+            layer_bytes_per_token,
+            kv_end,
+        )
+
+    def _context_ids(self, is_prefix: bool, prompt: PromptLayout) -> list[int]:
+        """What a part's KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""
+        return prompt.prefix_ids if self.chunk_context == "prefix" and not is_prefix else []
+
+    def _tiers(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> list[str]:
+        return self.store.tiers_of(ids, self._context_ids(is_prefix, prompt), namespace)
+
+    def _store(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> None:
+        context = self._context_ids(is_prefix, prompt)
+        self.store.put(compute_chunk_kv(self.runner, ids, context), context, namespace)
+
+
+def _missed(seg: Segment) -> bool:
+    """A prefix or chunk the store did not have (a part the controller chose to recompute is still held)."""
+    return seg.cached is None and not seg.held and seg.kind != SUFFIX
