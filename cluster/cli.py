@@ -92,16 +92,3 @@ def eval_command(
     out.write_text(json.dumps(document, indent=2) + "\n")
     typer.echo(format_table(summaries))
     typer.echo(f"chunk KV precompute (not in TTFT): {precompute_s:.1f} s for {len(records)} records")
-
-
-@bench_app.command("store")
-def bench_store(
-    tiers: str = typer.Option("ram,ssd,s3", help="Comma-separated tiers to measure."),
-    size_mb: int = typer.Option(64, help="Bytes of chunk KV written and read per tier, in MiB."),
-    out: Path = typer.Option(Path("store-bench.json"), help="Where to write the JSON result."),
-) -> None:
-    """Measure put/get throughput and per-layer read latency of the kvplane tiers."""
-    from kvplane.bench import run_store_benchmark
-
-    result = run_store_benchmark([t.strip() for t in tiers.split(",") if t.strip()], size_mb, out)
-    typer.echo(json.dumps(result, indent=2))

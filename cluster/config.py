@@ -24,7 +24,7 @@ from cluster.config_schema import (
 from kvplane.tier_spec import TierSpec
 from scheduler.admission import AdmissionConfig
 from scheduler.autoscaling import AutoscalingPolicy
-from scheduler.checks import check
+from kvplane.checks import check
 from scheduler.weights import RouterWeights
 
 __all__ = [

@@ -10,7 +10,7 @@ import fsspec
 
 from kvplane.policy import POLICIES
 from kvplane.tier_spec import TierSpec
-from scheduler.checks import check, check_count, check_non_negative, check_positive
+from kvplane.checks import check, check_count, check_non_negative, check_positive
 from workers.default_model import DEFAULT_MODEL_NAME
 from workers.dtype import AUTO, DTYPE_CHOICES
 from workers.fuser import CHUNK_CONTEXTS

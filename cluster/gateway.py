@@ -24,7 +24,7 @@ from cluster.cluster_view import ClusterView, Copies, WorkerClient
 from cluster.config import ServeConfig
 from cluster.kv_metrics import KVMetrics
 from cluster.metrics import ServeMetrics
-from cluster.prompting import PreparedRequest, check_context_length, prepare_request
+from cluster.prompting import PreparedRequest, check_context_length, check_served, prepare_request
 from cluster.responses import ResponseFrame, collect, sse
 from kvplane.shard import SHARD_NAME_PREFIX
 from scheduler.admission import Admission, Rejected
@@ -32,6 +32,8 @@ from scheduler.placement import worker_locations
 from scheduler.router import Router
 from scheduler.scoring import Chunk
 from workers.dtype import dtype_width_bytes
+from workers.engine_base import BlendRequest, EngineLimits
+from workers.fusion.registry import FUSION_MODES
 from workers.kvplane_store import chunk_store_key
 from workers.model_config import ModelConfig
 from workers.prompt import PromptLayout, PromptTemplate
@@ -56,7 +58,8 @@ class Gateway:
     ) -> None:
         self.config = config
         self.served_model = config.model.served_name
-        self.max_context_tokens = model.max_position_embeddings
+        # What the workers' engines serve: refreshed from their reports (vLLM's max_model_len may be smaller).
+        self.limits = EngineLimits(model.max_position_embeddings, frozenset(FUSION_MODES))
         # K and V of one token in every layer, per byte of the workers' dtype (they report it).
         self.values_per_token = model.num_layers * 2 * model.num_kv_heads * model.head_dim
         prompt = config.prompt
@@ -80,7 +83,8 @@ class Gateway:
         # other streams keep flowing while a burst of requests is read.
         prepared, prompt = await self._off_loop(self._prepare_completion, kind, body, tenant)
         cost = len(prompt.token_ids) + prepared.blend.sampling.max_new_tokens
-        worker_id = await self._admit(prompt, tenant, cost)
+        field = "messages" if kind is ChatCompletionRequest else "prompt"
+        worker_id = await self._admit(prompt, tenant, cost, (prepared.blend, field))
         events = self._run(Job(prepared.blend, prepared.stop), worker_id, cost)
         frame = ResponseFrame(kind is ChatCompletionRequest, self.served_model)
         if prepared.stream:
@@ -120,7 +124,7 @@ class Gateway:
         blend = replace(prepared.blend, namespace=tenant)
         prompt = self.template.layout(blend.documents, blend.question)
         field = "messages" if kind is ChatCompletionRequest else "prompt"
-        check_context_length(len(prompt.token_ids), blend.sampling.max_new_tokens, self.max_context_tokens, field)
+        check_served(blend, len(prompt.token_ids), self.limits, field)
         return replace(prepared, blend=blend), prompt
 
     def _prepare_documents(self, body: bytes) -> tuple[DocumentsRequest, list[str], PromptLayout]:
@@ -130,7 +134,8 @@ class Gateway:
         texts = [document.text for document in request.documents]
         prompt = self.template.layout(texts, "")
         for i, ids in enumerate(prompt.chunk_ids):
-            check_context_length(len(prompt.prefix_ids) + len(ids), 0, self.max_context_tokens, f"documents[{i}].text")
+            check_context_length(len(prompt.prefix_ids) + len(ids), 0, self.limits.max_context_tokens,
+                                 f"documents[{i}].text")
         return request, texts, prompt
 
     def models(self) -> ModelList:
@@ -154,13 +159,23 @@ class Gateway:
         await self.kv_metrics.scrape({m.worker_id: m.report.kv for m in members})
         return self.metrics.render()
 
-    async def _admit(self, prompt: PromptLayout, tenant: str, cost: int) -> str:
-        """Route to the worker with the best cache affinity for load, and hold a slot in its queue."""
+    async def _admit(
+        self, prompt: PromptLayout, tenant: str, cost: int, checked: tuple[BlendRequest, str] | None = None
+    ) -> str:
+        """Route to the worker with the best cache affinity for load, and hold a slot in its queue.
+
+        `checked` (the request and its prompt's field) is checked again against the workers' current limits.
+        """
         members = await self.cluster.members()
         if not members:
             message = "no worker is ready yet (the model is still loading); retry shortly"
             headers = {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)}
             raise ApiError(503, message, None, "service_unavailable", headers)
+        reported = [m.report.max_context_tokens for m in members if m.report.max_context_tokens > 0]
+        if reported:
+            self.limits = replace(self.limits, max_context_tokens=min(reported))
+        if checked is not None:
+            check_served(checked[0], len(prompt.token_ids), self.limits, checked[1])
         context = prompt.prefix_ids if self.config.engine.chunk_context == "prefix" else []
         fingerprint = members[0].fingerprint
         bytes_per_token = self.values_per_token * dtype_width_bytes(members[0].report.dtype)

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 from cluster.api_models import ApiError, ChatCompletionRequest, CompletionRequest
 from cluster.config import ServeConfig
-from workers.engine_base import BlendRequest
+from workers.engine_base import BlendRequest, EngineLimits, RequestError, check_request
 from workers.sampling import SamplingParams
 
 
@@ -38,6 +38,16 @@ def prepare_request(request: ChatCompletionRequest | CompletionRequest, config: 
         sampling=sampling,
     )
     return PreparedRequest(blend, request.stop, request.stream, request.include_usage)
+
+
+def check_served(request: BlendRequest, num_prompt_tokens: int, limits: EngineLimits, prompt_field: str) -> None:
+    """The engines' own check_request, as a 400 naming the request field (`prompt_field` for the prompt)."""
+    try:
+        check_request(request, num_prompt_tokens, limits)
+    except RequestError as error:
+        field = prompt_field if error.field == "prompt" else f"blend.{error.field}"
+        code = "context_length_exceeded" if error.field == "prompt" else "invalid_value"
+        raise ApiError(400, f"{field}: {error}", field, code) from None
 
 
 def check_context_length(num_prompt_tokens: int, max_new_tokens: int, num_context_tokens: int, field: str) -> None:

@@ -1,7 +1,7 @@
 """Admission control: a bounded queue per worker; past the bound, reject with a Retry-After estimate."""
 from dataclasses import dataclass
 
-from scheduler.checks import check, check_count, check_fraction, check_positive
+from kvplane.checks import check, check_count, check_fraction, check_positive
 from scheduler.load import WorkerLoad
 from scheduler.service_time import ServiceTimeEstimate
 

@@ -3,7 +3,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from scheduler.checks import check, check_at_least, check_count, check_non_negative, check_positive
+from kvplane.checks import check, check_at_least, check_count, check_non_negative, check_positive
 
 
 @dataclass(frozen=True, slots=True)

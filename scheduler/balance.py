@@ -3,7 +3,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler.checks import check, check_at_least, check_count
+from kvplane.checks import check, check_at_least, check_count
 from scheduler.load import WorkerLoad
 
 

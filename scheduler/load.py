@@ -1,7 +1,7 @@
 """What a worker is busy with, as the router sees it."""
 from dataclasses import dataclass
 
-from scheduler.checks import check_count
+from kvplane.checks import check_count
 
 
 @dataclass(frozen=True, slots=True)

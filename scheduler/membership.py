@@ -8,7 +8,7 @@ from ray.actor import ActorHandle
 
 from kvplane.namespace import RAY_NAMESPACE
 
-from scheduler.checks import check, check_positive
+from kvplane.checks import check, check_positive
 
 MEMBERSHIP_ACTOR_NAME = "blendserve-membership"
 

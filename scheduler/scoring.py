@@ -2,7 +2,7 @@
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler.checks import check, check_count
+from kvplane.checks import check, check_count
 from scheduler.load import WorkerLoad
 from scheduler.weights import RouterWeights
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scheduler.autoscaling import AutoscalingPolicy, desired_replicas
-from scheduler.checks import check_count, check_non_negative, check_positive
+from kvplane.checks import check_count, check_non_negative, check_positive
 
 if TYPE_CHECKING:
     from ray.serve.config import AutoscalingContext

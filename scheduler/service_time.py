@@ -1,5 +1,5 @@
 """A recent service time per worker: exponentially weighted, so it follows load changes."""
-from scheduler.checks import check_fraction, check_non_negative, check_positive
+from kvplane.checks import check_fraction, check_non_negative, check_positive
 
 
 class ServiceTimeEstimate:

@@ -3,7 +3,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from scheduler.checks import check, check_non_negative
+from kvplane.checks import check, check_non_negative
 from scheduler.load import WorkerLoad
 
 DEFAULT_TIER_WEIGHTS: Mapping[str, float] = MappingProxyType(

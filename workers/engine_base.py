@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from kvplane.checks import check_count
+
 from workers.chunk_store import DEFAULT_NAMESPACE
 from workers.sampling import SamplingParams
 
@@ -34,8 +36,7 @@ class EngineLimits:
     modes: frozenset[str]
 
     def __post_init__(self) -> None:
-        if self.max_context_tokens < 1:
-            raise ValueError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
+        check_count("max_context_tokens", self.max_context_tokens, 1)
 
 
 class RequestError(ValueError):

@@ -1,7 +1,7 @@
 """The quality guardrails a worker starts with: the canary gate, the cacheblend fallback, shadow runs, the controller."""
 from dataclasses import dataclass
 
-from scheduler.checks import check
+from kvplane.checks import check
 
 from workers.canary import DEFAULT_MAX_DEVIATION, canary_verdict
 from workers.chunk_store import ChunkStore, LocalChunkStore

@@ -4,7 +4,13 @@ from dataclasses import dataclass
 
 from kvplane.latency import QUANTILES, LoadQuantiles
 from workers.delay_model import RecomputeDelayModel
-from workers.fusion.base import CHECK_LAYER_FILTER_LAYERS, CHECK_LAYER_FILTER_MULTIPLIERS, FusionOptions
+from kvplane.checks import check, check_non_negative
+from workers.fusion.base import (
+    CHECK_LAYER_FILTER_LAYERS,
+    CHECK_LAYER_FILTER_MULTIPLIERS,
+    FusionOptions,
+    check_filter_schedule,
+)
 from workers.fusion.deviation import ratio_count
 
 # Below this relative difference two predicted TTFTs count as equal (float noise of the sums).
@@ -53,20 +59,12 @@ class ControllerOptions:
     filter_multipliers: tuple[float, ...] = CHECK_LAYER_FILTER_MULTIPLIERS
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.ratio_floor <= self.ratio_ceiling <= 1.0:
-            raise ValueError(f"need 0 <= ratio_floor <= ratio_ceiling <= 1, got {self.ratio_floor}, {self.ratio_ceiling}")
-        if not 0.0 < self.ratio_step <= 1.0:
-            raise ValueError(f"ratio_step must be in (0, 1], got {self.ratio_step}")
-        if self.objective not in QUANTILES:
-            raise ValueError(f"objective must be one of {QUANTILES}, got {self.objective!r}")
-        if self.free_slack < 0:
-            raise ValueError(f"free_slack must be >= 0, got {self.free_slack}")
-        if len(self.filter_layers) != len(self.filter_multipliers) or not self.filter_layers:
-            raise ValueError("filter_layers and filter_multipliers must be non-empty and of equal length")
-        if list(self.filter_layers) != sorted(set(self.filter_layers)) or self.filter_layers[0] < 0:
-            raise ValueError("filter_layers must be strictly ascending and >= 0")
-        if any(multiplier < 1.0 for multiplier in self.filter_multipliers):
-            raise ValueError("filter_multipliers must be >= 1")
+        check(0.0 <= self.ratio_floor <= self.ratio_ceiling <= 1.0, "ratio_floor, ratio_ceiling",
+              "0 <= ratio_floor <= ratio_ceiling <= 1", (self.ratio_floor, self.ratio_ceiling))
+        check(0.0 < self.ratio_step <= 1.0, "ratio_step", "in (0, 1]", self.ratio_step)
+        check(self.objective in QUANTILES, "objective", f"one of {QUANTILES}", self.objective)
+        check_non_negative("free_slack", self.free_slack)
+        check_filter_schedule(self.filter_layers, self.filter_multipliers, first_layer=0)
 
     @classmethod
     def from_fusion(cls, fusion: FusionOptions, **overrides: object) -> "ControllerOptions":

@@ -3,6 +3,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvplane.checks import check, check_count, check_non_negative
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -15,12 +17,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        check_count("max_new_tokens", self.max_new_tokens, 1)
+        check_non_negative("temperature", self.temperature)
+        check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

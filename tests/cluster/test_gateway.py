@@ -8,7 +8,7 @@ import pytest
 from cluster.api_models import ApiError, ChatCompletionRequest
 from cluster.config import ServeConfig
 from cluster.gateway import Gateway
-from scheduler.membership import Member
+from scheduler.membership import Member, WorkerReport
 from workers.checkpoint import load_model_card
 from workers.default_model import prepare_default_model
 from workers.engine_base import StoredChunk
@@ -95,3 +95,18 @@ def test_a_dead_location_index_routes_cold_instead_of_failing(card):
     response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert response.choices[0].message.content == "Paris" and len(workers.calls) == 1
     assert 'blendserve_routes_total{reason="cold"} 1.0' in gate.metrics.render().decode()
+
+
+def test_a_prompt_over_the_engines_reported_context_is_a_400_naming_the_field(card):
+    # vLLM's max_model_len can be below the model's context: the gateway holds requests to what workers report.
+    members = [Member("w-a", "n1", "fp", report=WorkerReport(max_context_tokens=64))]
+    workers = ScriptedWorkers()
+    gate = gateway(card, ScriptedCluster(members), workers)
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
+    error = caught.value
+    assert error.status_code == 400 and error.param == "messages" and "context of 64 tokens" in str(error)
+    assert workers.calls == [] and gate.limits.max_context_tokens == 64
+    with pytest.raises(ApiError) as again:  # now known up front, before any worker is asked
+        asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
+    assert again.value.status_code == 400 and workers.calls == []

@@ -5,6 +5,7 @@ from typing import ClassVar
 
 import torch
 
+from kvplane.checks import check, check_count
 from workers.fusion.deviation import DEVIATION_METRICS
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
@@ -39,32 +40,33 @@ class FusionOptions:
     fallback_full_above: float = 0.5  # cacheblend: a needed ratio above this recomputes in full
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.recompute_ratio <= 1.0:
-            raise ValueError(f"recompute_ratio must be in [0, 1], got {self.recompute_ratio}")
-        if self.deviation_metric not in DEVIATION_METRICS:
-            raise ValueError(f"deviation_metric must be one of {DEVIATION_METRICS}, got {self.deviation_metric!r}")
-        if len(self.filter_layers) != len(self.filter_multipliers) or not self.filter_layers:
-            raise ValueError("filter_layers and filter_multipliers must be non-empty and of equal length")
-        if list(self.filter_layers) != sorted(set(self.filter_layers)) or self.filter_layers[0] < 1:
-            raise ValueError("filter_layers must be strictly ascending and start at layer 1 or later")
-        if any(m < 1.0 for m in self.filter_multipliers) or self.filter_multipliers[-1] != 1.0:
-            raise ValueError("filter_multipliers must be >= 1 and end at 1.0 (the target ratio)")
-        if self.selection_span_tokens < 1:
-            raise ValueError(f"selection_span_tokens must be >= 1, got {self.selection_span_tokens}")
-        if self.epic_tokens is not None and self.epic_tokens < 0:
-            raise ValueError("epic_tokens must be >= 0")
-        if not 0.0 <= self.cci_reuse_below < self.cci_full_above <= 1.0:
-            raise ValueError("need 0 <= cci_reuse_below < cci_full_above <= 1")
-        if min(self.cci_sample_queries, self.prefix_cache_blocks, self.prefix_block_tokens) < 1:
-            raise ValueError("cci_sample_queries, prefix_cache_blocks and prefix_block_tokens must be positive")
-        if not 0.0 <= self.fallback_min_coverage <= 1.0:
-            raise ValueError(f"fallback_min_coverage must be in [0, 1], got {self.fallback_min_coverage}")
-        if not 0.0 < self.fallback_full_above <= 1.0:
-            raise ValueError(f"fallback_full_above must be in (0, 1], got {self.fallback_full_above}")
+        check(0.0 <= self.recompute_ratio <= 1.0, "recompute_ratio", "in [0, 1]", self.recompute_ratio)
+        check(self.deviation_metric in DEVIATION_METRICS, "deviation_metric", f"one of {DEVIATION_METRICS}",
+              self.deviation_metric)
+        check_filter_schedule(self.filter_layers, self.filter_multipliers, first_layer=1)
+        check(self.filter_multipliers[-1] == 1.0, "filter_multipliers", "ending at 1.0 (the target ratio)",
+              self.filter_multipliers)
+        check_count("selection_span_tokens", self.selection_span_tokens, 1)
+        check(self.epic_tokens is None or self.epic_tokens >= 0, "epic_tokens", "an int >= 0 or null", self.epic_tokens)
+        check(0.0 <= self.cci_reuse_below < self.cci_full_above <= 1.0, "cci_reuse_below, cci_full_above",
+              "0 <= cci_reuse_below < cci_full_above <= 1", (self.cci_reuse_below, self.cci_full_above))
+        for name in ("cci_sample_queries", "prefix_cache_blocks", "prefix_block_tokens"):
+            check_count(name, getattr(self, name), 1)
+        check(0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage)
+        check(0.0 < self.fallback_full_above <= 1.0, "fallback_full_above", "in (0, 1]", self.fallback_full_above)
 
     def with_gradual_filtering(self) -> "FusionOptions":
         """These options with the paper's filter schedule: keep 2r at layer 1, narrow to r at layer 2."""
         return replace(self, filter_layers=GRADUAL_FILTER_LAYERS, filter_multipliers=GRADUAL_FILTER_MULTIPLIERS)
+
+
+def check_filter_schedule(layers: tuple[int, ...], multipliers: tuple[float, ...], first_layer: int) -> None:
+    """Filter layers strictly ascending from `first_layer` on, each with a multiplier of the ratio >= 1."""
+    check(len(layers) == len(multipliers) and len(layers) > 0, "filter_layers, filter_multipliers",
+          "non-empty and of equal length", (layers, multipliers))
+    check(list(layers) == sorted(set(layers)) and layers[0] >= first_layer, "filter_layers",
+          f"strictly ascending from layer {first_layer} on", layers)
+    check(all(m >= 1.0 for m in multipliers), "filter_multipliers", "all >= 1", multipliers)
 
 
 class FusionMode(ABC):

@@ -1,12 +1,9 @@
 """The vLLM engine's knobs: one frozen section, validated on construction (no vllm import here)."""
 from dataclasses import dataclass
 
+from kvplane.checks import check, check_count
+
 DEVICES = ("auto", "cpu", "cuda")
-
-
-def _require(ok: bool, name: str, rule: str, value: object) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {rule}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,17 +23,15 @@ class VLLMSettings:
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
 
     def __post_init__(self) -> None:
-        _require(self.max_model_len >= 256, "max_model_len", "an int >= 256", self.max_model_len)
-        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]",
-                 self.gpu_memory_utilization)
-        _require(self.kv_cache_bytes is None or self.kv_cache_bytes >= 1 << 20, "kv_cache_bytes",
-                 "an int >= 1 MiB or null", self.kv_cache_bytes)
-        _require(self.block_size is None or self.block_size in (16, 32, 64, 128), "block_size",
-                 "one of 16, 32, 64, 128 or null", self.block_size)
-        _require(self.max_num_seqs >= 1, "max_num_seqs", "an int >= 1", self.max_num_seqs)
-        _require(self.max_concurrent_jobs >= 1, "max_concurrent_jobs", "an int >= 1", self.max_concurrent_jobs)
-        _require(self.num_threads is None or self.num_threads >= 1, "num_threads", "an int >= 1 or null",
-                 self.num_threads)
-        _require(0 <= self.first_token_logprobs <= 20, "first_token_logprobs", "in [0, 20]",
-                 self.first_token_logprobs)
-        _require(self.device in DEVICES, "device", f"one of {DEVICES}", self.device)
+        check_count("max_model_len", self.max_model_len, 256)
+        check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]",
+              self.gpu_memory_utilization)
+        check(self.kv_cache_bytes is None or self.kv_cache_bytes >= 1 << 20, "kv_cache_bytes", "an int >= 1 MiB or null",
+              self.kv_cache_bytes)
+        check(self.block_size is None or self.block_size in (16, 32, 64, 128), "block_size",
+              "one of 16, 32, 64, 128 or null", self.block_size)
+        check_count("max_num_seqs", self.max_num_seqs, 1)
+        check_count("max_concurrent_jobs", self.max_concurrent_jobs, 1)
+        check(self.num_threads is None or self.num_threads >= 1, "num_threads", "an int >= 1 or null", self.num_threads)
+        check(0 <= self.first_token_logprobs <= 20, "first_token_logprobs", "in [0, 20]", self.first_token_logprobs)
+        check(self.device in DEVICES, "device", f"one of {DEVICES}", self.device)

@@ -1,4 +1,4 @@
-"""Time plain vLLM prefill against vLLM with the context KV injected (python -m workers.vllm.bench_inject)."""
+"""Time plain vLLM prefill against vLLM with the context KV injected (python bench/vllm_inject_bench.py)."""
 import argparse
 import json
 import statistics
@@ -6,9 +6,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 from workers.vllm.engine_config import llm_kwargs, set_cpu_env
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hotpotqa_hipporag.dev.jsonl"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa_hipporag.dev.jsonl"
 
 
 def main() -> None:
@@ -17,6 +18,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=3000, help="approximate context tokens")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="both sides compute in it")
     args = parser.parse_args()
     set_cpu_env(Path(tempfile.mkdtemp(prefix="blendserve-vllm-bench-")))
 
@@ -30,7 +32,8 @@ def main() -> None:
     from workers.vllm.inject import with_context_kv
 
     path = default_model_path()
-    checkpoint = load_checkpoint(path, torch.bfloat16)
+    dtype = resolve_dtype(args.dtype, path)
+    checkpoint = load_checkpoint(path, torch_dtype(dtype))
     template = PromptTemplate(checkpoint.tokenizer)
     record, docs = None, []
     with open(DATA) as handle:
@@ -50,7 +53,7 @@ def main() -> None:
     blend_prefill_s = time.perf_counter() - start
     kv = cache.data.clone()
 
-    llm = LLM(**llm_kwargs(path, max_model_len=8192))
+    llm = LLM(**llm_kwargs(path, dtype, max_model_len=8192))
     prompt = {"prompt_token_ids": ids}
     llm.generate([{"prompt_token_ids": ids[:64]}], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
     results: dict[str, list[float]] = {"plain_ttft": [], "inject_ttft": [], "plain_gen": [], "inject_gen": []}
@@ -64,6 +67,7 @@ def main() -> None:
                 results[f"{name}_{suffix}"].append(time.perf_counter() - start)
                 texts[name] = out.outputs[0].text
     report = {
+        **measured_on(dtype),
         "prompt_tokens": len(ids),
         "context_tokens": n_ctx,
         "blendserve_context_prefill_s": round(blend_prefill_s, 3),

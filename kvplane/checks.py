@@ -1,4 +1,4 @@
-"""Knob validation that names the field and the rule it broke."""
+"""Knob validation that names the field and the rule it broke (kvplane is the base every package builds on)."""
 import math
 
 
