@@ -33,8 +33,8 @@ def load_model_card(path: Path) -> tuple[ModelConfig, PreTrainedTokenizerBase]:
     return config, AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def load_checkpoint(path: Path, dtype: torch.dtype = torch.bfloat16) -> Checkpoint:
-    """Read config.json, *.safetensors and the tokenizer from a local directory (never a hub)."""
+def load_checkpoint(path: Path, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> Checkpoint:
+    """Read config.json, *.safetensors and the tokenizer from a local directory (never a hub), weights on `device`."""
     path = Path(path)
     config, tokenizer = load_model_card(path)
     weight_files = sorted(path.glob("*.safetensors"))
@@ -43,5 +43,5 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.bfloat16) -> Checkpoi
     state: dict[str, torch.Tensor] = {}
     for f in weight_files:
         state.update(load_file(str(f)))
-    weights = ModelWeights.from_state_dict(config, state, dtype)
+    weights = ModelWeights.from_state_dict(config, state, dtype, device)
     return Checkpoint(path, config, weights, tokenizer, model_fingerprint(path, str(dtype).removeprefix("torch.")))

@@ -29,13 +29,15 @@ class ModelWeights:
     lm_head: torch.Tensor  # [V, hidden]
 
     @classmethod
-    def from_state_dict(cls, config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> "ModelWeights":
-        """Regroup Hugging Face Llama-style tensor names; name the first tensor that is missing."""
+    def from_state_dict(
+        cls, config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> "ModelWeights":
+        """Regroup Hugging Face Llama-style tensor names on `device`; name the first tensor that is missing."""
 
         def take(name: str) -> torch.Tensor:
             if name not in state:
                 raise UnsupportedModelError(f"checkpoint has no tensor {name!r}")
-            return state[name].to(dtype)
+            return state[name].to(device=device, dtype=dtype)
 
         layers = []
         for i in range(config.num_layers):
