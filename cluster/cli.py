@@ -92,3 +92,71 @@ def eval_command(
     out.write_text(json.dumps(document, indent=2) + "\n")
     typer.echo(format_table(summaries))
     typer.echo(f"chunk KV precompute (not in TTFT): {precompute_s:.1f} s for {len(records)} records")
+
+@bench_app.command("serve")
+def bench_serve(
+    workload: Path = typer.Option(..., exists=True, dir_okay=False, help="A workload JSONL (bench/workloads.py)."),
+    out: Path = typer.Option(Path("bench-serve.json"), help="Where to write the run's JSON result."),
+    systems: str = typer.Option("blendserve,vllm", help="Systems to run, one at a time: blendserve, vllm."),
+    num_requests: int = typer.Option(None, min=1, help="Requests of the workload to send (default: all)."),
+    offset: int = typer.Option(0, min=0, help="Skip this many workload requests first."),
+    rate: str = typer.Option("inf", help="Requests/s, comma-separated for several load points (inf: at once)."),
+    concurrency: int = typer.Option(None, min=1, help="Requests in flight at most (instead of pacing by rate)."),
+    burstiness: float = typer.Option(1.0, min=0.01, help="Gamma arrivals' shape; 1 is Poisson (vLLM's definition)."),
+    max_tokens: int = typer.Option(32, min=1, help="Tokens generated per answer (greedy, both systems)."),
+    precompute: bool = typer.Option(False, help="Store every workload document in blendserve before timing."),
+    warmup: int = typer.Option(2, min=0, help="Untimed warm-up requests per system (on a passage of their own)."),
+    mode: str = typer.Option(None, help="blendserve's fusion mode per request (default: the configuration's)."),
+    ratio: float = typer.Option(None, min=0.0, max=1.0, help="blendserve's recompute ratio per request."),
+    config: Path = typer.Option(None, exists=True, dir_okay=False, help="blendserve configuration to start from."),
+    model: Path = typer.Option(None, help="A local checkpoint directory (default: SmolLM2-135M-Instruct)."),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP + " Both systems run the resolved dtype."),
+    max_model_len: int = typer.Option(8192, min=256, help="Context per request, both systems."),
+    kv_cache_mib: int = typer.Option(2048, min=1, help="vLLM KV cache per engine, both systems, in MiB."),
+    max_num_seqs: int = typer.Option(8, min=1, help="Requests vLLM batches at once, both systems."),
+    work_dir: Path = typer.Option(None, help="Logs, configs and Ray/vLLM files (default: next to --out)."),
+    seed: int = typer.Option(0, help="Seed of the arrival process."),
+) -> None:
+    """Drive a workload over HTTP against blendserve and plain vLLM (prefix caching on), one after the other."""
+    import math
+    import shlex
+    import sys
+
+    import yaml
+
+    from cluster.bench_serve import BenchPlan, LoadPoint, run_benchmark
+    from cluster.bench_systems import EngineShape
+    from cluster.bench_workload import read_workload
+    from workers.default_model import prepare_default_model
+    from workers.dtype import resolve_dtype
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    rates = [math.inf if r.strip() == "inf" else float(r) for r in rate.split(",") if r.strip()]
+    points = tuple(LoadPoint(concurrency=concurrency) for _ in rates[:1]) if concurrency else \
+        tuple(LoadPoint(rate_rps=r) for r in rates)
+    model_path = model or prepare_default_model()
+    base = yaml.safe_load(config.read_text()) if config else {}
+    served_name = (base.get("model") or {}).get("name") or (
+        "SmolLM2-135M-Instruct" if model is None else model_path.name)
+    try:
+        shape = EngineShape(model_path, served_name, resolve_dtype(dtype, model_path), max_model_len,
+                            kv_cache_mib << 20, max_num_seqs)
+        plan = BenchPlan(
+            tuple(read_workload(workload, num_requests, offset)), points, shape,
+            work_dir or out.with_suffix(".work"), tuple(s.strip() for s in systems.split(",") if s.strip()),
+            max_tokens, burstiness, precompute, warmup,
+            {k: v for k, v in {"mode": mode, "recompute_ratio": ratio}.items() if v is not None}, base, seed,
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    result = run_benchmark(plan, shlex.join(["blendserve", *sys.argv[1:]]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for name, system in result["systems"].items():
+        for point in system["points"]:
+            summary = point["summary"]
+            typer.echo(f"{name} {point['load']}: ok {summary['num_ok']}/{summary['num_requests']}, "
+                       f"TTFT {summary['ttft_s']}, {summary['throughput_req_s']} req/s")
+    for row in result["comparison"]:
+        typer.echo(json.dumps(row))
