@@ -1,7 +1,7 @@
 """The Serve app on a loopback Ray cluster of N nodes (one worker replica and one KV shard each), one workload
 routed by cache affinity, power-of-two choices and round robin: hit rate per tier, bytes between nodes, TTFT.
 
-python bench/serve_multinode.py --workload w.jsonl --nodes 2,3 --num-requests 60 --rate 0.4 \
+python bench/serve_multinode.py --workload w.jsonl --nodes 3,2 --num-requests 48 --rate 0.4 \
     --out docs/results/serve_multinode.json
 Each (nodes, policy) run starts a fresh cluster (empty caches) and is written to --out as soon as it ends.
 """
@@ -150,12 +150,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workload", type=Path, required=True)
     parser.add_argument("--nodes", default="2,3")
     parser.add_argument("--policies", default=",".join(ROUTING_POLICIES))
-    parser.add_argument("--num-requests", type=int, default=60)
+    parser.add_argument("--num-requests", type=int, default=48)
     parser.add_argument("--rate", type=float, default=0.4, help="Poisson arrivals, requests/s")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--engine", choices=("torch", "vllm"), default="torch")
-    parser.add_argument("--device-mib", type=int, default=48)
-    parser.add_argument("--ram-mib", type=int, default=96)
+    parser.add_argument("--device-mib", type=int, default=96)
+    parser.add_argument("--ram-mib", type=int, default=192)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp"), help="short folder for Ray's sockets")
     parser.add_argument("--out", type=Path, required=True)

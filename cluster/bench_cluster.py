@@ -12,8 +12,8 @@ from scheduler.simulator_routers import ROUTING_POLICIES, make_router
 class PolicyIngress(Ingress.func_or_class):  # type: ignore[name-defined, misc]
     """The app's own ingress whose gateway routes by `policy` instead of by cache affinity alone."""
 
-    def __init__(self, workers: Any, config: dict[str, Any], policy: str, seed: int) -> None:
-        super().__init__(workers, config)
+    async def __init__(self, workers: Any, config: dict[str, Any], policy: str, seed: int) -> None:
+        await super().__init__(workers, config)
         self.gateway.router = make_router(policy, self.gateway.config.router, seed)
 
 

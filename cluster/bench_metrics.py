@@ -81,3 +81,16 @@ def reuse_timeline(outcomes: Sequence[Outcome], window_s: float) -> list[dict[st
         bucket.update((outcome.blend or {}).get("reused_tokens", {}))
         bucket["prompt"] += outcome.prompt_tokens
     return [{"start_s": index * window_s, **dict(counts)} for index, counts in sorted(windows.items())]
+
+
+def throughput_at_p95(points: Sequence[tuple[float, float]], p95_s: float) -> float:
+    """The most throughput a system reaches with p95 TTFT within `p95_s`, from its (throughput, p95) load points;
+    linear between the last point within the budget and the first beyond it (0 when none is within)."""
+    ordered = sorted(points)
+    best = 0.0
+    for (low_tput, low_p95), (high_tput, high_p95) in zip([(0.0, 0.0), *ordered], ordered):
+        if high_p95 <= p95_s:
+            best = max(best, high_tput)
+        elif low_p95 <= p95_s < high_p95 and (low_tput, low_p95) != (0.0, 0.0):
+            best = max(best, low_tput + (high_tput - low_tput) * (p95_s - low_p95) / (high_p95 - low_p95))
+    return best

@@ -229,10 +229,15 @@ async def _precompute(url: str, model: str, documents: Sequence[str]) -> float:
 
 async def _prefix_cache_counters(url: str) -> dict[str, float]:
     """vLLM's prefix-cache query and hit counters (tokens) from its /metrics."""
-    async with httpx.AsyncClient(timeout=30) as client:
-        text = (await client.get(f"{url}/metrics")).text
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            text = (await client.get(f"{url}/metrics")).text
+        families = list(text_string_to_metric_families(text))
+    except (httpx.HTTPError, ValueError):  # the counters are a side figure: a run goes on without them
+        _log.warning("bench: vLLM's /metrics could not be read", exc_info=True)
+        return {}
     counters: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         for sample in family.samples:
             for name in ("prefix_cache_queries", "prefix_cache_hits"):
                 if sample.name == f"vllm:{name}_total":

@@ -34,8 +34,9 @@ class ServiceModel:
     base_s: float
     compute_s_per_token: float
     reuse_s_per_token: Mapping[str, float] = field(default_factory=dict)
-    decode_s: float = 0.0  # first token to last: holds a queue slot, not the fusion
+    decode_s: float = 0.0  # first token to last: holds a queue slot, and the worker too when serial_decode
     recompute_ratio: float = 0.15  # share of reused tokens the fusion still computes
+    serial_decode: bool = False  # the torch engine decodes before it takes the next request; vLLM batches
 
     def __post_init__(self) -> None:
         for name in ("base_s", "compute_s_per_token", "decode_s"):
@@ -178,14 +179,15 @@ class ClusterModel:
         reused = {tier: n for tier, n in tokens.items() if tier != MISS}
         computed = request.num_other_tokens + tokens[MISS] + round(self.service.recompute_ratio * sum(reused.values()))
         start_s = max(request.arrival_s, node.free_at_s)
-        node.free_at_s = start_s + self.service.fusion_s(computed, reused)
-        finish_s = node.free_at_s + self.service.decode_s
+        first_token_s = start_s + self.service.fusion_s(computed, reused)
+        finish_s = first_token_s + self.service.decode_s
+        node.free_at_s = finish_s if self.service.serial_decode else first_token_s
         cost = sum(n for _, n in request.chunks) + request.num_other_tokens
         self._in_flight[node.worker] += cost
-        heapq.heappush(pending, (node.free_at_s, 2 * sequence, lambda: self._write_back(node, request.chunks)))
+        heapq.heappush(pending, (first_token_s, 2 * sequence, lambda: self._write_back(node, request.chunks)))
         heapq.heappush(pending, (finish_s, 2 * sequence + 1,
                                  lambda: self._finish(node.worker, cost, finish_s - request.arrival_s)))
-        return SimOutcome(node.worker, node.free_at_s - request.arrival_s, dict(tokens))
+        return SimOutcome(node.worker, first_token_s - request.arrival_s, dict(tokens))
 
     def _reach(self, node: _Node, key: str) -> str:
         """The fastest tier `node`'s worker reads `key` from (promoting it into its device tier), or MISS."""

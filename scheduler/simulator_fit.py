@@ -34,7 +34,7 @@ def _nonnegative_lstsq(features: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 
 def fit_service_model(
-    observations: Sequence[Observation], decode_s: float, recompute_ratio: float = 0.15
+    observations: Sequence[Observation], decode_s: float, recompute_ratio: float = 0.15, serial_decode: bool = False
 ) -> ServiceModel:
     """TTFT = base + per computed token + per reused token of each tier, fitted with non-negative least squares."""
     if len(observations) < len(TIERS) + 2:
@@ -46,5 +46,5 @@ def fit_service_model(
     return ServiceModel(
         base_s=float(coefficients[0]), compute_s_per_token=float(coefficients[1]),
         reuse_s_per_token={tier: float(c) for tier, c in zip(TIERS, coefficients[2:])},
-        decode_s=decode_s, recompute_ratio=recompute_ratio,
+        decode_s=decode_s, recompute_ratio=recompute_ratio, serial_decode=serial_decode,
     )

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from cluster.bench_client import Outcome
-from cluster.bench_metrics import agreement, gold_f1, percentiles, reuse_timeline, summarize
+from cluster.bench_metrics import agreement, gold_f1, percentiles, reuse_timeline, summarize, throughput_at_p95
 from cluster.bench_serve import BenchPlan, LoadPoint
 from cluster.bench_systems import EngineShape, blendserve_config, vllm_command
 from cluster.bench_workload import WorkloadRequest, distinct_documents, read_workload, write_workload
@@ -104,3 +104,11 @@ def test_both_systems_get_the_same_engine_shape() -> None:
 def test_an_engine_shape_needs_a_concrete_dtype() -> None:
     with pytest.raises(ValueError, match="concrete"):
         EngineShape(Path("/m"), "m", "auto")
+
+
+def test_throughput_at_a_p95_budget_interpolates_between_load_points() -> None:
+    points = [(0.5, 1.0), (1.0, 2.0), (1.2, 10.0)]
+    assert throughput_at_p95(points, 2.0) == 1.0
+    assert throughput_at_p95(points, 6.0) == pytest.approx(1.1)
+    assert throughput_at_p95(points, 100.0) == 1.2
+    assert throughput_at_p95(points, 0.5) == 0.0

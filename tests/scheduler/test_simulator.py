@@ -112,3 +112,13 @@ def test_service_model_refuses_impossible_values(bad: dict) -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="policy must be one of"):
         make_router("random")
+
+
+def test_a_serial_engine_holds_the_worker_through_decode_and_a_batching_one_does_not() -> None:
+    shape = ClusterShape(num_nodes=1, device_bytes=0, shard_bytes=0, object_tier=False)
+    requests = [SimRequest(0.0, (("a", 100),)), SimRequest(0.0, (("b", 100),))]
+    batching = simulate(requests, shape, make_router(AFFINITY), SERVICE, BYTES_PER_TOKEN).outcomes
+    serial_service = ServiceModel(0.05, 0.001, decode_s=0.2, serial_decode=True)
+    serial = simulate(requests, shape, make_router(AFFINITY), serial_service, BYTES_PER_TOKEN).outcomes
+    assert [o.ttft_s for o in batching] == pytest.approx([0.15, 0.30])
+    assert [o.ttft_s for o in serial] == pytest.approx([0.15, 0.50])

@@ -1,0 +1,192 @@
+"""Plots of the serving benchmark for docs/benchmarks.md, from the result JSON files.
+
+python bench/serve_plots.py --replay docs/results/serve_replay.json --reuse docs/results/serve_2wiki.json \
+    --multinode docs/results/serve_multinode.json --simulation docs/results/serve_simulation.json --out-dir docs
+"""
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+from cluster.bench_metrics import throughput_at_p95
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
+
+TIERS = ("device", "ram", "ssd", "remote", "object")
+POLICY_LABELS = {"affinity": "cache affinity", "power_of_two": "power of two", "round_robin": "round robin"}
+
+
+def _label(result: dict[str, Any]) -> str:
+    machine = result["machine"]
+    return f"{machine['hardware']}, {machine['dtype']}"
+
+
+def ttft_cdf(results: Sequence[tuple[str, dict[str, Any]]], out: Path) -> None:
+    """TTFT CDF per system, one panel per run."""
+    figure, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for axis, (title, result) in zip(axes[0], results):
+        for name, system in result["systems"].items():
+            ttfts = sorted(r["ttft_s"] for p in system["points"] for r in p["requests"] if r["ok"])
+            axis.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post",
+                      label="blendserve" if name == "blendserve" else "plain vLLM (prefix caching)")
+        axis.set_xscale("log")
+        axis.set_xlabel("TTFT through HTTP (s)")
+        axis.set_ylabel("share of requests")
+        axis.set_title(f"{title}\n{_label(result)}", fontsize=9)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+
+
+def throughput_vs_p95(result: dict[str, Any], out: Path) -> None:
+    """Achieved throughput against p95 TTFT at each offered rate, per system."""
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for name, system in result["systems"].items():
+        points = [(p["summary"]["throughput_req_s"], p["summary"]["ttft_s"]["p95"], p["load"]["rate_rps"])
+                  for p in system["points"] if p["summary"]["ttft_s"].get("count")]
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                  label="blendserve" if name == "blendserve" else "plain vLLM (prefix caching)")
+        for throughput, p95, rate in points:
+            axis.annotate(f"{rate:g}/s", (throughput, p95), fontsize=7, textcoords="offset points", xytext=(4, 4))
+    axis.set_yscale("log")
+    axis.set_xlabel("throughput (requests/s)")
+    axis.set_ylabel("p95 TTFT (s)")
+    axis.set_title(f"2wiki reuse workload, offered rate annotated\n{_label(result)}", fontsize=9)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+
+
+def reuse_over_time(result: dict[str, Any], multinode: dict[str, Any] | None, out: Path) -> None:
+    """Share of prompt tokens reused per tier in each window of the run."""
+    panels: list[tuple[str, list[dict[str, Any]]]] = [
+        ("blendserve, 2wiki reuse workload (all load points in turn)",
+         [w for p in result["systems"]["blendserve"]["points"] for w in p["timeline"]]),
+    ]
+    if multinode:
+        for run in multinode["runs"]:
+            if run["nodes"] == max(r["nodes"] for r in multinode["runs"]):
+                panels.append((f"{run['nodes']} nodes, {POLICY_LABELS[run['policy']]}", run["timeline"]))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
+    for axis, (title, windows) in zip(axes[0], panels):
+        bottoms = [0.0] * len(windows)
+        for tier in TIERS:
+            shares = [w.get(tier, 0) / w["prompt"] if w.get("prompt") else 0.0 for w in windows]
+            if any(shares):
+                axis.bar(range(len(windows)), shares, bottom=bottoms, label=tier)
+                bottoms = [b + s for b, s in zip(bottoms, shares)]
+        axis.set_xlabel("window of send time")
+        axis.set_ylabel("prompt tokens reused")
+        axis.set_ylim(0, 1)
+        axis.set_title(title, fontsize=9)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+
+
+def hit_rate_vs_nodes(simulation: dict[str, Any], multinode: dict[str, Any], out: Path) -> None:
+    """Device + local-shard hit rate vs nodes: simulated lines, measured points."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for policy, label in POLICY_LABELS.items():
+        rows = [r for r in simulation["by_nodes"] if r["policy"] == policy]
+        line = left.plot([r["nodes"] for r in rows], [r["local_hit_rate"] for r in rows], marker=".", label=label)
+        measured = [r for r in multinode["runs"] if r["policy"] == policy]
+        left.scatter([r["nodes"] for r in measured], [r["local_hit_rate"] for r in measured], marker="x", s=60,
+                     color=line[0].get_color())
+        right.plot([r["nodes"] for r in rows], [r["ttft_p95_s"] for r in rows], marker=".", label=label,
+                   color=line[0].get_color())
+        right.scatter([r["nodes"] for r in measured], [r["ttft_s"]["p95"] for r in measured], marker="x", s=60,
+                      color=line[0].get_color())
+    for axis, ylabel in ((left, "hit rate, device + local shard"), (right, "p95 TTFT (s)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("nodes (one worker and one shard each)")
+        axis.set_ylabel(ylabel)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    left.set_title(f"simulated (lines) and measured (x)\n{simulation['machine']['hardware']}, "
+                   f"{simulation['machine']['dtype']}", fontsize=9)
+    right.set_title("same runs: p95 TTFT", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def tables(replay: dict[str, Any], reuse: dict[str, Any], multinode: dict[str, Any] | None) -> str:
+    """Markdown tables of the runs (what docs/benchmarks.md quotes)."""
+    lines = []
+    for title, result in (("replay", replay), ("2wiki reuse", reuse)):
+        lines += [f"### {title} ({_label(result)})", "",
+                  "| system | load | ok | TTFT p50 | TTFT p90 | TTFT p95 | ITL p50 | e2e p50 | req/s | reused | recomputed |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, system in result["systems"].items():
+            for point in system["points"]:
+                s, load = point["summary"], point["load"]
+                where = f"{load['rate_rps']}/s" if load["rate_rps"] else f"concurrency {load['concurrency']}"
+                lines.append(
+                    f"| {name} | {where} | {s['num_ok']}/{s['num_requests']} | {_fmt(s['ttft_s'].get('p50'))} | "
+                    f"{_fmt(s['ttft_s'].get('p90'))} | {_fmt(s['ttft_s'].get('p95'))} | {_fmt(s['itl_s'].get('p50'), 4)} | "
+                    f"{_fmt(s['e2e_s'].get('p50'))} | {_fmt(s['throughput_req_s'])} | {s['reused_fraction']} | "
+                    f"{s['recompute_fraction']} |")
+        lines += ["", "| load | TTFT p50 ratio | TTFT p95 ratio | throughput ratio | agreement F1 | identical | gold F1 (ours / vLLM) |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in result["comparison"]:
+            where = f"{row['rate_rps']}/s" if row["rate_rps"] else f"concurrency {row['concurrency']}"
+            agree = row["agreement_with_vllm"]
+            lines.append(f"| {where} | {row['ttft_median_ratio']} | {row['ttft_p95_ratio']} | {row['throughput_ratio']} | "
+                         f"{agree.get('f1_mean')} | {agree.get('identical')} | {row['gold_f1']['blendserve']} / "
+                         f"{row['gold_f1']['vllm']} |")
+        lines.append("")
+    points = {name: [(p["summary"]["throughput_req_s"], p["summary"]["ttft_s"]["p95"]) for p in system["points"]
+                     if p["summary"]["ttft_s"].get("count")] for name, system in reuse["systems"].items()}
+    if {"blendserve", "vllm"} <= points.keys():
+        lines += ["| p95 budget (plain vLLM's p95 at a load point) | plain vLLM req/s | blendserve req/s | ratio |",
+                  "|---|---|---|---|"]
+        for _, p95 in sorted(points["vllm"]):
+            theirs, ours = throughput_at_p95(points["vllm"], p95), throughput_at_p95(points["blendserve"], p95)
+            lines.append(f"| {p95:.3f} s | {theirs:.3f} | {ours:.3f} | {ours / theirs if theirs else 0:.2f} |")
+        lines.append("")
+    if multinode:
+        lines += ["| nodes | policy | hit device | ram (local shard) | remote | object | miss | device+local | "
+                  "remote MB | TTFT p50 | TTFT p95 | req/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for run in sorted(multinode["runs"], key=lambda r: (r["nodes"], r["policy"])):
+            h = run["hit_rate"]
+            lines.append(f"| {run['nodes']} | {run['policy']} | {h['device']} | {h['ram'] + h['ssd']:.4f} | {h['remote']} | "
+                         f"{h['object']} | {h['miss']} | {run['local_hit_rate']} | {run['remote_bytes'] / 1e6:.1f} | "
+                         f"{_fmt(run['ttft_s'].get('p50'))} | {_fmt(run['ttft_s'].get('p95'))} | {run['throughput_req_s']} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replay", type=Path, required=True)
+    parser.add_argument("--reuse", type=Path, required=True)
+    parser.add_argument("--multinode", type=Path)
+    parser.add_argument("--simulation", type=Path)
+    parser.add_argument("--out-dir", type=Path, default=Path("docs"))
+    args = parser.parse_args(argv)
+    replay, reuse = (json.loads(p.read_text()) for p in (args.replay, args.reuse))
+    multinode = json.loads(args.multinode.read_text()) if args.multinode else None
+    ttft_cdf([("replay, chunks cached, concurrency 1", replay), ("2wiki reuse workload, all rates", reuse)],
+             args.out_dir / "serve_ttft_cdf.png")
+    throughput_vs_p95(reuse, args.out_dir / "serve_throughput_p95.png")
+    reuse_over_time(reuse, multinode, args.out_dir / "serve_reuse_timeline.png")
+    if multinode and args.simulation:
+        hit_rate_vs_nodes(json.loads(args.simulation.read_text()), multinode, args.out_dir / "serve_hit_rate_nodes.png")
+    print(tables(replay, reuse, multinode))
+
+
+if __name__ == "__main__":
+    main()
