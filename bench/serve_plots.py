@@ -25,44 +25,53 @@ def _label(result: dict[str, Any]) -> str:
     return f"{machine['hardware']}, {machine['dtype']}"
 
 
+def _decorate(axis: Any, xlabel: str, ylabel: str, title: str) -> None:
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title, fontsize=9)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+
+
+def _save(figure: Any, out: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+
+
+def _load_label(load: dict[str, Any]) -> str:
+    return f"{load['rate_rps']:g}/s" if load["rate_rps"] else f"concurrency {load['concurrency']}"
+
+
+def _system_label(name: str) -> str:
+    return "blendserve" if name == "blendserve" else "plain vLLM (prefix caching)"
+
+
 def ttft_cdf(results: Sequence[tuple[str, dict[str, Any]]], out: Path) -> None:
     """TTFT CDF per system, one panel per run."""
     figure, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     for axis, (title, result) in zip(axes[0], results):
         for name, system in result["systems"].items():
             ttfts = sorted(r["ttft_s"] for p in system["points"] for r in p["requests"] if r["ok"])
-            axis.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post",
-                      label="blendserve" if name == "blendserve" else "plain vLLM (prefix caching)")
+            axis.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=_system_label(name))
         axis.set_xscale("log")
-        axis.set_xlabel("TTFT through HTTP (s)")
-        axis.set_ylabel("share of requests")
-        axis.set_title(f"{title}\n{_label(result)}", fontsize=9)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
+        _decorate(axis, "TTFT through HTTP (s)", "share of requests", f"{title}\n{_label(result)}")
+    _save(figure, out)
 
 
 def throughput_vs_p95(result: dict[str, Any], out: Path) -> None:
     """Achieved throughput against p95 TTFT at each offered rate, per system."""
     figure, axis = plt.subplots(figsize=(6, 4))
     for name, system in result["systems"].items():
-        points = [(p["summary"]["throughput_req_s"], p["summary"]["ttft_s"]["p95"], p["load"]["rate_rps"])
+        points = [(p["summary"]["throughput_req_s"], p["summary"]["ttft_s"]["p95"], _load_label(p["load"]))
                   for p in system["points"] if p["summary"]["ttft_s"].get("count")]
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                  label="blendserve" if name == "blendserve" else "plain vLLM (prefix caching)")
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=_system_label(name))
         for throughput, p95, rate in points:
-            axis.annotate(f"{rate:g}/s", (throughput, p95), fontsize=7, textcoords="offset points", xytext=(4, 4))
+            axis.annotate(rate, (throughput, p95), fontsize=7, textcoords="offset points", xytext=(4, 4))
     axis.set_yscale("log")
-    axis.set_xlabel("throughput (requests/s)")
-    axis.set_ylabel("p95 TTFT (s)")
-    axis.set_title(f"2wiki reuse workload, offered rate annotated\n{_label(result)}", fontsize=9)
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
+    _decorate(axis, "throughput (requests/s)", "p95 TTFT (s)",
+              f"2wiki reuse workload, offered rate annotated\n{_label(result)}")
+    _save(figure, out)
 
 
 def reuse_over_time(result: dict[str, Any], multinode: dict[str, Any] | None, out: Path) -> None:
@@ -83,14 +92,9 @@ def reuse_over_time(result: dict[str, Any], multinode: dict[str, Any] | None, ou
             if any(shares):
                 axis.bar(range(len(windows)), shares, bottom=bottoms, label=tier)
                 bottoms = [b + s for b, s in zip(bottoms, shares)]
-        axis.set_xlabel("window of send time")
-        axis.set_ylabel("prompt tokens reused")
         axis.set_ylim(0, 1)
-        axis.set_title(title, fontsize=9)
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
+        _decorate(axis, "window of send time", "prompt tokens reused", title)
+    _save(figure, out)
 
 
 def hit_rate_vs_nodes(simulation: dict[str, Any], multinode: dict[str, Any], out: Path) -> None:
@@ -106,18 +110,16 @@ def hit_rate_vs_nodes(simulation: dict[str, Any], multinode: dict[str, Any], out
                    color=line[0].get_color())
         right.scatter([r["nodes"] for r in measured], [r["ttft_s"]["p95"] for r in measured], marker="x", s=60,
                       color=line[0].get_color())
-    for axis, ylabel in ((left, "hit rate, device + local shard"), (right, "p95 TTFT (s)")):
+        checks = [c for c in simulation["check"] if c["policy"] == policy]
+        for axis, figure_of in ((left, "local_hit_rate"), (right, "ttft_p95_s")):
+            axis.scatter([c["nodes"] for c in checks], [c["simulated"][figure_of] for c in checks], marker="o", s=50,
+                         facecolors="none", edgecolors=line[0].get_color())
+    machine = f"{simulation['machine']['hardware']}, {simulation['machine']['dtype']}"
+    for axis, ylabel, title in ((left, "hit rate, device + local shard", f"projected (lines), measured (x), simulated on the measured arrivals (o)\n{machine}"),
+                                (right, "p95 TTFT (s)", "the same runs: p95 TTFT")):
         axis.set_xscale("log", base=2)
-        axis.set_xlabel("nodes (one worker and one shard each)")
-        axis.set_ylabel(ylabel)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    left.set_title(f"simulated (lines) and measured (x)\n{simulation['machine']['hardware']}, "
-                   f"{simulation['machine']['dtype']}", fontsize=9)
-    right.set_title("same runs: p95 TTFT", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
+        _decorate(axis, "nodes (one worker and one shard each)", ylabel, title)
+    _save(figure, out)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -133,8 +135,7 @@ def tables(replay: dict[str, Any], reuse: dict[str, Any], multinode: dict[str, A
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, system in result["systems"].items():
             for point in system["points"]:
-                s, load = point["summary"], point["load"]
-                where = f"{load['rate_rps']}/s" if load["rate_rps"] else f"concurrency {load['concurrency']}"
+                s, where = point["summary"], _load_label(point["load"])
                 lines.append(
                     f"| {name} | {where} | {s['num_ok']}/{s['num_requests']} | {_fmt(s['ttft_s'].get('p50'))} | "
                     f"{_fmt(s['ttft_s'].get('p90'))} | {_fmt(s['ttft_s'].get('p95'))} | {_fmt(s['itl_s'].get('p50'), 4)} | "
@@ -143,7 +144,7 @@ def tables(replay: dict[str, Any], reuse: dict[str, Any], multinode: dict[str, A
         lines += ["", "| load | TTFT p50 ratio | TTFT p95 ratio | throughput ratio | agreement F1 | identical | gold F1 (ours / vLLM) |",
                   "|---|---|---|---|---|---|---|"]
         for row in result["comparison"]:
-            where = f"{row['rate_rps']}/s" if row["rate_rps"] else f"concurrency {row['concurrency']}"
+            where = _load_label(row)
             agree = row["agreement_with_vllm"]
             lines.append(f"| {where} | {row['ttft_median_ratio']} | {row['ttft_p95_ratio']} | {row['throughput_ratio']} | "
                          f"{agree.get('f1_mean')} | {agree.get('identical')} | {row['gold_f1']['blendserve']} / "

@@ -94,8 +94,9 @@ def run_benchmark(plan: BenchPlan, command: str = "") -> dict[str, Any]:
     for name in plan.systems:
         _log.info("bench: starting %s", name)
         started = time.monotonic()
-        server = blendserve_server(plan.shape, plan.work_dir / "blendserve", plan.blendserve_config) \
-            if name == "blendserve" else vllm_server(plan.shape, plan.work_dir / "vllm")
+        # Short folder names: Ray's socket paths under them must stay within 107 bytes.
+        server = blendserve_server(plan.shape, plan.work_dir / "bs", plan.blendserve_config) \
+            if name == "blendserve" else vllm_server(plan.shape, plan.work_dir / "vl")
         with server as url:
             start_s = time.monotonic() - started
             systems[name] = asyncio.run(_run_system(name, url, plan, prompts))

@@ -33,7 +33,7 @@ def test_bench_serve_drives_blendserve_and_plain_vllm_with_the_same_prompts(tmp_
     command = [
         sys.executable, "-c", "from cluster.cli import app; app()", "bench", "serve", "--workload", str(workload),
         "--out", str(out), "--concurrency", "1", "--max-tokens", "6", "--warmup", "1", "--kv-cache-mib", "256",
-        "--max-model-len", "2048", "--config", str(config), "--work-dir", str(root / "work"),
+        "--max-model-len", "2048", "--config", str(config), "--work-dir", str(root / "w"),
     ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
@@ -47,8 +47,10 @@ def test_bench_serve_drives_blendserve_and_plain_vllm_with_the_same_prompts(tmp_
     # Plain vLLM got exactly the prompt blendserve laid out: same token counts per request.
     assert [r["prompt_tokens"] for r in ours["requests"]] == [r["prompt_tokens"] for r in theirs["requests"]]
     first, second = ours["requests"]
-    assert first["blend"]["reused_tokens"] == {}  # the first sight of the documents computes them
-    assert sum(second["blend"]["reused_tokens"].values()) > 0  # reordered, they are reused
+    # The first sight of the documents computes them (only the prompt's prefix may be cached by the warm-up);
+    # reordered, the second request reuses them and computes less.
+    assert sum(second["blend"]["reused_tokens"].values()) > sum(first["blend"]["reused_tokens"].values())
+    assert second["blend"]["recomputed_tokens"] < first["blend"]["recomputed_tokens"]
     assert ours["summary"]["recompute_fraction"] < 1.0
     assert theirs["prefix_cache"]["prefix_cache_queries_tokens"] > 0
     row = result["comparison"][0]
