@@ -52,46 +52,72 @@ def eval_command(
     limit: int = typer.Option(None, min=1, help="Evaluate only N records."),
     offset: int = typer.Option(0, min=0, help="Skip this many records first."),
     modes: str = typer.Option("full_prefill,full_reuse,cacheblend", help="Comma-separated fusion modes."),
-    ratio: float = typer.Option(0.15, min=0.0, max=1.0, help="Recompute ratio for the selective modes."),
+    ratio: float = typer.Option(None, min=0.0, max=1.0, help="One recompute ratio (default: the configured one)."),
+    ratios: str = typer.Option(None, help="Comma-separated ratios: each mode runs at each (labels MODE@RATIO)."),
+    engine: str = typer.Option("torch", help="torch (blendserve's runner decodes) or vllm (vLLM prefills the "
+                               "question and decodes)."),
     out: Path = typer.Option(Path("eval.json"), help="Where to write the JSON result."),
+    records_out: Path = typer.Option(None, help="Also write every record's scores here (JSON lines)."),
     model: Path = typer.Option(None, help="A local Hugging Face checkpoint directory (default: SmolLM2-135M)."),
     max_new_tokens: int = typer.Option(32, min=1, help="Greedy tokens generated per answer."),
+    teacher_forced: bool = typer.Option(True, help="Also measure KL and NLL gap along the full-prefill answer."),
     chunk_context: str = typer.Option("prefix", help="Compute chunk KV 'alone' or after the prompt 'prefix'."),
-    selection_span_tokens: int = typer.Option(16, min=1, help="cacheblend's span of recomputed tokens (1: single)."),
+    selection_span_tokens: int = typer.Option(16, min=1, help="Span of recomputed tokens (1: single tokens)."),
     gradual_filtering: bool = typer.Option(
         False, help="cacheblend narrows at layers 1 and 2 (2r, then r), as in the paper, instead of once at layer 1."
     ),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
-    """Compare fusion modes on quality (F1, agreement with full prefill, first-token KL) and TTFT."""
+    """Compare fusion modes on agreement with full prefill (F1, exact match, first token, teacher-forced KL)
+    and TTFT; every quality figure with a 95% bootstrap interval over records."""
     from workers.evaluation.dataset import load_records
-    from workers.evaluation.evaluate import EvalRun, evaluate
+    from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
+    from workers.evaluation.evaluate import REFERENCE_MODE, EvalRun, evaluate, score_row, summarise
     from workers.evaluation.report import eval_document, format_table
     from workers.fusion.base import FusionOptions
-    from workers.torch_engine import load_torch_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    mode_names = [m.strip() for m in modes.split(",") if m.strip()]
-    options = FusionOptions(recompute_ratio=ratio, selection_span_tokens=selection_span_tokens)
+    if engine not in ENGINE_KINDS:
+        raise typer.BadParameter(f"choose from {ENGINE_KINDS}", param_hint="--engine")
+    mode_names = list(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
+    options = FusionOptions(selection_span_tokens=selection_span_tokens)
+    chosen = [float(r) for r in ratios.split(",")] if ratios else [options.recompute_ratio if ratio is None else ratio]
     if gradual_filtering:
         options = options.with_gradual_filtering()
     try:
-        engine = load_torch_engine(model, dtype, options, chunk_context)
+        access = load_eval_engine(engine, model, dtype, options, chunk_context)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--dtype") from None
-    unknown = [m for m in mode_names if m not in engine.fuser.modes]
+    unknown = [m for m in mode_names if m not in access.engine.fuser.modes]
     if unknown:
-        raise typer.BadParameter(f"unknown mode(s) {unknown}; choose from {sorted(engine.fuser.modes)}", param_hint="--modes")
+        raise typer.BadParameter(f"unknown mode(s) {unknown}; choose from {sorted(access.engine.fuser.modes)}",
+                                 param_hint="--modes")
+    runs = [EvalRun(REFERENCE_MODE, REFERENCE_MODE, 1.0)]
+    for name in (m for m in mode_names if m != REFERENCE_MODE):
+        runs += [EvalRun(name if len(chosen) == 1 else f"{name}@{r:g}", name, r) for r in chosen]
     records = load_records(data, limit, offset)
-    runs = [EvalRun(m, m, ratio) for m in dict.fromkeys(["full_prefill", *mode_names])]
-    summaries, precompute_s = evaluate(
-        engine, records, runs, max_new_tokens, lambda i, s: log.info("record %d/%d done", i + 1, len(records))
-    )
-    document = eval_document(engine.fuser.runner.checkpoint.path.name, data, len(records), summaries, engine.dtype)
+    rows_file = records_out.open("w") if records_out is not None else None
+
+    def on_record(index: int, rows: list) -> None:
+        if rows_file is not None:
+            rows_file.writelines(json.dumps(score_row(row)) + "\n" for row in rows)
+            rows_file.flush()
+        log.info("record %d/%d done", index + 1, len(records))
+
+    try:
+        scores, store_s = evaluate(access, records, runs, max_new_tokens, teacher_forced, on_record)
+    finally:
+        if rows_file is not None:
+            rows_file.close()
+        access.engine.close()
+    summaries = summarise(scores, runs)
+    name = access.engine.fuser.runner.checkpoint.path.name
+    document = eval_document(name, engine, data, len(records), summaries, access.engine.dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
     typer.echo(format_table(summaries))
-    typer.echo(f"chunk KV precompute (not in TTFT): {precompute_s:.1f} s for {len(records)} records")
+    typer.echo(f"chunk KV stored before timing (not in TTFT): {store_s:.1f} s for {len(records)} records")
+
 
 @bench_app.command("serve")
 def bench_serve(

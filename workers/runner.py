@@ -56,13 +56,20 @@ class ModelRunner:
 
         Takes the fast causal path when the queries are exactly positions 0..S-1.
         """
-        cfg, w = self.config, self.weights.layers[layer]
         end = int(positions[-1]) + 1
         k, v = cache.layer(layer, end)
         if end == q.shape[0]:
             attn = causal_attention(q, k, v)
         else:
             attn = positional_attention(q, positions, k, v)
+        return self.after_attention(layer, h, attn)
+
+    def after_attention(self, layer: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The rest of a layer once its attention output is known: output projection, residual, MLP.
+
+        h: [S, hidden] the layer's input; attn: [S, H * D] -> next h [S, hidden]
+        """
+        cfg, w = self.config, self.weights.layers[layer]
         h = h + F.linear(attn, w.o)
         return h + gated_mlp(rms_norm(h, w.post_norm, cfg.rms_norm_eps), w.gate_up, w.down)
 

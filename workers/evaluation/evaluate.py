@@ -1,18 +1,27 @@
-"""Run fusion modes side by side on the same records and summarise quality and TTFT."""
+"""Run fusion modes side by side on the same records: answers through the engine, divergence through its fusion."""
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
+import torch
 
-from workers.engine_base import BlendRequest, BlendResult
-from workers.torch_engine import TorchEngine
+from workers.engine_base import BlendRequest, BlendResult, Engine
+from workers.evaluation.bootstrap import bootstrap_interval
 from workers.evaluation.dataset import QARecord
-from workers.evaluation.divergence import first_token_kl
-from workers.evaluation.scoring import best_f1, token_f1
+from workers.evaluation.divergence import TeacherForced, teacher_forced_divergence
+from workers.evaluation.scoring import best_f1, normalize_answer, token_f1
+from workers.evaluation.teacher_forced import answer_logprobs
+from workers.prompt import PromptLayout
 from workers.sampling import SamplingParams
 
 REFERENCE_MODE = "full_prefill"
+NAMESPACE = "eval"
+T = TypeVar("T")
+# per-record figures summarised as a mean with a 95% bootstrap interval over records
+QUALITY_METRICS = ("f1", "agreement_f1", "exact_match", "first_token_agreement", "first_token_kl", "tf_kl",
+                   "tf_nll_gap")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,65 +33,149 @@ class EvalRun:
     ratio: float
 
 
-@dataclass(slots=True)
-class RunScores:
-    """Per-record measurements of one run."""
+@dataclass(frozen=True, slots=True)
+class EngineAccess:
+    """What the evaluation needs of an engine besides serving: where its fusion runs and how much it computes."""
 
-    f1: list[float] = field(default_factory=list)
-    agreement_f1: list[float] = field(default_factory=list)
-    first_token_kl: list[float] = field(default_factory=list)
-    ttft_s: list[float] = field(default_factory=list)
-    context_tokens: list[int] = field(default_factory=list)
-    recomputed_fraction: list[float] = field(default_factory=list)
+    engine: Engine
+    call: Callable[[Callable[[], Any]], Any]  # runs a task where the engine computes (the vLLM engine's thread)
+    fuses_question: bool  # the torch engine's fusion computes the question's KV too; the vLLM engine's does not
 
-    def summary(self) -> dict[str, float]:
-        """Means (and the TTFT median) in the evaluation JSON's shape."""
-        return {
-            "f1": statistics.fmean(self.f1),
-            "agreement_f1": statistics.fmean(self.agreement_f1),
-            "first_token_kl": statistics.fmean(self.first_token_kl),
-            "ttft_s_median": statistics.median(self.ttft_s),
-            "ttft_s_mean": statistics.fmean(self.ttft_s),
-            "context_tokens_mean": statistics.fmean(self.context_tokens),
-            "recomputed_fraction": statistics.fmean(self.recomputed_fraction),
-        }
+    def kv_end(self, prompt: PromptLayout) -> int:
+        """How many leading prompt tokens the engine's fusion computes KV for."""
+        total = len(prompt.token_ids)
+        return total if self.fuses_question else max(1, total - len(prompt.suffix_ids))
+
+
+def direct_access(engine: Engine) -> EngineAccess:
+    """The torch engine: everything on the caller's thread, the whole prompt fused."""
+    return EngineAccess(engine, lambda task: task(), fuses_question=True)
+
+
+def engine_thread_access(engine: Any) -> EngineAccess:
+    """The vLLM engine: fusion on its engine thread (`engine.call`), the context fused, vLLM prefills the question."""
+    return EngineAccess(engine, engine.call, fuses_question=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordScore:
+    """One run on one record."""
+
+    record: str
+    label: str
+    mode: str
+    ratio: float
+    answer: str
+    f1: float  # against the gold answers
+    agreement_f1: float  # against the full-prefill answer
+    exact_match: float  # 1.0 when the normalised answer equals the full-prefill one
+    first_token_agreement: float  # 1.0 when the first generated token is full prefill's
+    first_token_kl: float | None  # KL(full || mode) of the first token's distribution (None: not measured)
+    tf_kl: float | None  # mean KL(full || mode) along the full-prefill answer's tokens
+    tf_nll_gap: float | None  # mean NLL gap of those tokens
+    ttft_s: float
+    recomputed_fraction: float
+    context_tokens: int
 
 
 def evaluate(
-    engine: TorchEngine,
-    records: list[QARecord],
+    access: EngineAccess,
+    records: Iterable[QARecord],
     runs: list[EvalRun],
     max_new_tokens: int = 32,
-    on_record: Callable[[int, float], None] | None = None,
-) -> tuple[dict[str, dict[str, float]], float]:
-    """Score every run on every record against gold answers and the full-prefill answer.
+    teacher_forced: bool = True,
+    on_record: Callable[[int, list[RecordScore]], None] | None = None,
+) -> tuple[list[RecordScore], float]:
+    """Score every run on every record against the gold answers and the full-prefill answer.
 
-    Chunk KV is precomputed before any timed request. Returns per-label summaries and precompute seconds.
+    Chunk KV is stored before any timed request. The teacher-forced figures fuse the prompt again with the
+    run's mode (not timed) and feed the full-prefill answer through the engine's fusion runner. Returns every
+    record's scores and the seconds spent storing chunk KV.
     """
+    engine = access.engine
     sampling = SamplingParams(max_new_tokens=max_new_tokens)
-    scores = {run.label: RunScores() for run in runs}
-    reference_run = EvalRun(REFERENCE_MODE, REFERENCE_MODE, 1.0)
     engine.generate(BlendRequest(["warm-up"], "warm-up?", REFERENCE_MODE, sampling=SamplingParams(max_new_tokens=2)))
-    precompute_s = 0.0
+    scores: list[RecordScore] = []
+    store_s = 0.0
     for index, record in enumerate(records):
         start_s = time.perf_counter()
-        engine.fuser.precompute(engine.fuser.layout(record.documents, record.question))
-        precompute_s += time.perf_counter() - start_s
-        reference = _answer(engine, record, reference_run, sampling)
+        engine.store_documents(record.documents, NAMESPACE)
+        store_s += time.perf_counter() - start_s
+        prompt = engine.fuser.layout(record.documents, record.question)
+        reference = _answer(engine, record, REFERENCE_MODE, 1.0, sampling)
+        reference_logprobs = _logprobs(access, prompt, REFERENCE_MODE, 1.0, reference.token_ids) if teacher_forced else None
+        rows = []
         for run in runs:
-            result = reference if run.mode == REFERENCE_MODE else _answer(engine, record, run, sampling)
-            s = scores[run.label]
-            s.f1.append(best_f1(result.text, record.answers))
-            s.agreement_f1.append(token_f1(result.text, reference.text))
-            kl = first_token_kl(reference.stats.first_token_logprobs, result.stats.first_token_logprobs)
-            s.first_token_kl.append(kl)
-            s.ttft_s.append(result.stats.ttft_s)
-            s.context_tokens.append(result.stats.context_tokens)
-            s.recomputed_fraction.append(result.stats.recomputed_fraction)
+            result = reference if run.mode == REFERENCE_MODE else _answer(engine, record, run.mode, run.ratio, sampling)
+            divergence = None
+            if reference_logprobs is not None and run.mode != REFERENCE_MODE:
+                logprobs = _logprobs(access, prompt, run.mode, run.ratio, reference.token_ids)
+                divergence = teacher_forced_divergence(reference_logprobs, logprobs, torch.tensor(reference.token_ids))
+            rows.append(_score(record, run, result, reference, divergence))
+        scores += rows
         if on_record is not None:
-            on_record(index, precompute_s)
-    return {label: s.summary() for label, s in scores.items()}, precompute_s
+            on_record(index, rows)
+    return scores, store_s
 
 
-def _answer(engine: TorchEngine, record: QARecord, run: EvalRun, sampling: SamplingParams) -> BlendResult:
-    return engine.generate(BlendRequest(record.documents, record.question, run.mode, run.ratio, sampling))
+def summarise(scores: list[RecordScore], runs: list[EvalRun] | None = None) -> dict[str, dict[str, Any]]:
+    """Per label: each quality metric's mean and 95% bootstrap interval over records, TTFT median and mean."""
+    labels = [run.label for run in runs] if runs is not None else list(dict.fromkeys(s.label for s in scores))
+    summary = {}
+    for label in labels:
+        rows = [s for s in scores if s.label == label]
+        if not rows:
+            continue
+        entry: dict[str, Any] = {"mode": rows[0].mode, "ratio": rows[0].ratio, "records": len(rows)}
+        for metric in QUALITY_METRICS:
+            values = [getattr(s, metric) for s in rows]
+            if any(v is None for v in values):
+                continue
+            entry[metric] = statistics.fmean(values)
+            entry[f"{metric}_ci95"] = list(bootstrap_interval(values))
+        ttft = [s.ttft_s for s in rows]
+        entry.update(
+            ttft_s_median=statistics.median(ttft),
+            ttft_s_mean=statistics.fmean(ttft),
+            context_tokens_mean=statistics.fmean(s.context_tokens for s in rows),
+            recomputed_fraction=statistics.fmean(s.recomputed_fraction for s in rows),
+        )
+        summary[label] = entry
+    return summary
+
+
+def score_row(score: RecordScore) -> dict[str, Any]:
+    """A record's score as a JSON object."""
+    return asdict(score)
+
+
+def _answer(engine: Engine, record: QARecord, mode: str, ratio: float, sampling: SamplingParams) -> BlendResult:
+    return engine.generate(BlendRequest(record.documents, record.question, mode, ratio, sampling, NAMESPACE))
+
+
+def _logprobs(access: EngineAccess, prompt: PromptLayout, mode: str, ratio: float, answer: list[int]) -> torch.Tensor:
+    fuser = access.engine.fuser
+    return access.call(lambda: answer_logprobs(fuser, prompt, mode, ratio, answer, access.kv_end(prompt), NAMESPACE))
+
+
+def _score(
+    record: QARecord, run: EvalRun, result: BlendResult, reference: BlendResult, divergence: TeacherForced | None
+) -> RecordScore:
+    same = result is reference  # full prefill against itself: no divergence by definition
+    return RecordScore(
+        record=record.id,
+        label=run.label,
+        mode=run.mode,
+        ratio=run.ratio,
+        answer=result.text,
+        f1=best_f1(result.text, record.answers),
+        agreement_f1=token_f1(result.text, reference.text),
+        exact_match=float(normalize_answer(result.text) == normalize_answer(reference.text)),
+        first_token_agreement=float(result.token_ids[:1] == reference.token_ids[:1]),
+        first_token_kl=0.0 if same else None if divergence is None else divergence.first_token_kl,
+        tf_kl=0.0 if same else None if divergence is None else divergence.kl,
+        tf_nll_gap=0.0 if same else None if divergence is None else divergence.nll_gap,
+        ttft_s=result.stats.ttft_s,
+        recomputed_fraction=result.stats.recomputed_fraction,
+        context_tokens=result.stats.context_tokens,
+    )

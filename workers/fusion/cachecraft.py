@@ -38,21 +38,25 @@ class CacheCraft(FusionMode):
 
 
 def chunk_context_impact(q: torch.Tensor, k: torch.Tensor, chunks: list[Segment], num_queries: int) -> torch.Tensor:
-    """Per chunk, the share of its tokens' attention that goes to earlier context rather than to itself.
+    """Per chunk, the share of its tokens' attention that goes to the chunks before it rather than to itself.
 
-    Position 0 (the attention sink of every sequence) counts for neither side.
+    Only other chunks count as inter-chunk context: the prompt prefix (and the attention sink at position 0)
+    counts for neither side, since a chunk's cached KV was computed after it, so the first chunk scores 0.
     q: [N, H, D], k: [N, H_kv, D] fresh at one layer for all N tokens -> [C]
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     k = k.float().repeat_interleave(num_heads // k.shape[1], dim=1)  # [N, H, D]
     impacts = []
-    for seg in chunks:
+    for index, seg in enumerate(chunks):
         rows = torch.linspace(seg.start, seg.end - 1, min(num_queries, seg.num_tokens)).round().long()  # [S]
         scores = torch.einsum("shd,nhd->hsn", q[rows.to(q.device)].float(), k[: seg.end]) / math.sqrt(head_dim)
         later = torch.arange(seg.end)[None, None, :] > rows[None, :, None]  # [1, S, seg.end]
         scores = scores.masked_fill(later.to(scores.device), float("-inf"))
         probs = scores.softmax(dim=-1)  # [H, S, seg.end]
-        inter = probs[..., 1 : seg.start].sum(-1)
+        other = torch.zeros(seg.end, dtype=torch.bool)  # the earlier chunks' positions
+        for earlier in chunks[:index]:
+            other[earlier.start : earlier.end] = True
+        inter = probs[..., other.to(probs.device)].sum(-1)
         intra = probs[..., seg.start :].sum(-1)
         impacts.append(float((inter / (inter + intra).clamp_min(1e-9)).mean()))
     return torch.tensor(impacts)

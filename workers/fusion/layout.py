@@ -105,6 +105,20 @@ class BlendLayout:
         """Cached document chunks, in prompt order."""
         return [s for s in self.segments if s.kind == CHUNK and s.cached is not None]
 
+    def exact_end(self) -> int:
+        """End of the leading run of segments whose KV is what a full prefill computes there.
+
+        A cached segment is exact when it sits where it was computed (the prefix at 0; with chunk KV computed
+        after the prompt prefix, the first chunk) and everything before it is exact; an uncached one is
+        computed in full, so exact too. Recomputing tokens before this position changes nothing.
+        """
+        end = 0
+        for seg in self.segments:
+            if seg.kind == SUFFIX or (seg.cached is not None and seg.cached.base_position != seg.start):
+                break
+            end = seg.end
+        return min(end, self.kv_end)
+
     def cached_segments(self) -> list[Segment]:
         """Every segment with cached KV to place (prefix and chunks), in order."""
         return [s for s in self.segments if s.cached is not None]

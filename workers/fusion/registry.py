@@ -6,9 +6,10 @@ from workers.fusion.epic import Epic
 from workers.fusion.full_prefill import FullPrefill
 from workers.fusion.full_reuse import FullReuse
 from workers.fusion.prefix_cache import PrefixCache
+from workers.fusion.query_driven import QueryDriven
 
 FUSION_MODES: dict[str, type[FusionMode]] = {
-    mode.name: mode for mode in (FullPrefill, PrefixCache, FullReuse, Epic, CacheBlend, CacheCraft)
+    mode.name: mode for mode in (FullPrefill, PrefixCache, FullReuse, Epic, CacheBlend, CacheCraft, QueryDriven)
 }
 
 

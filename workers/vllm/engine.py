@@ -4,7 +4,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -34,6 +34,7 @@ from workers.vllm.params import ContextKVParams
 from workers.vllm.settings import VLLMSettings
 
 PLAIN_MODE = "full_prefill"  # served by vLLM alone: no fusion, no injection
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -115,6 +116,10 @@ class VLLMEngine(Engine):
     def close(self) -> None:
         """Stop the engine thread."""
         self._loop.close()
+
+    def call(self, task: Callable[[], T]) -> T:
+        """Run `task` on the engine thread, which owns vLLM and every model computation, and wait for it."""
+        return self._loop.call(task)
 
     @property
     def peak_running(self) -> int:

@@ -105,7 +105,6 @@ class VLLMModuleRunner(ModelRunner):
         self, layer: int, h: torch.Tensor, q: torch.Tensor, positions: torch.Tensor, cache: KVCache
     ) -> torch.Tensor:
         """Attention of q over the cache, then vLLM's o_proj and MLP projections; returns next h."""
-        cfg, w, module = self.config, self.weights.layers[layer], self._layers[layer]
         end = int(positions[-1]) + 1
         k, v = cache.layer(layer, end)
         if self.paged is not None and q.shape[0] >= MIN_QUERIES:
@@ -114,6 +113,12 @@ class VLLMModuleRunner(ModelRunner):
             attn = causal_attention(q, k, v)
         else:
             attn = positional_attention(q, positions, k, v)
+        return self.after_attention(layer, h, attn)
+
+    @torch.inference_mode()
+    def after_attention(self, layer: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """vLLM's o_proj, the residual and vLLM's MLP once the attention output is known. attn: [S, H * D]"""
+        cfg, w, module = self.config, self.weights.layers[layer], self._layers[layer]
         out, _ = module.self_attn.o_proj(attn.contiguous())
         h = h + out
         return h + module.mlp(fused_rms_norm(h, w.post_norm, cfg.rms_norm_eps))  # vLLM's MLP (native SiLU-and-mul)

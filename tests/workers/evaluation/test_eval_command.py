@@ -10,8 +10,9 @@ from tests.workers.conftest import DATA_DIR
 from workers.default_model import prepare_default_model
 from workers.dtype import measured_on, resolve_dtype
 
-SUMMARY_KEYS = {"f1", "agreement_f1", "first_token_kl", "ttft_s_median", "ttft_s_mean", "context_tokens_mean",
-                "recomputed_fraction"}
+QUALITY = ("f1", "agreement_f1", "exact_match", "first_token_agreement", "first_token_kl", "tf_kl", "tf_nll_gap")
+SUMMARY_KEYS = {"mode", "ratio", "records", "ttft_s_median", "ttft_s_mean", "context_tokens_mean",
+                "recomputed_fraction", *QUALITY, *(f"{m}_ci95" for m in QUALITY)}
 
 
 def test_eval_writes_the_documented_json(tmp_path: Path) -> None:
@@ -21,7 +22,7 @@ def test_eval_writes_the_documented_json(tmp_path: Path) -> None:
                                       "--max-new-tokens", "4", "--out", str(out)])
     assert result.exit_code == 0, result.output
     document = json.loads(out.read_text())
-    assert set(document) == {"model", "dtype", "hardware", "data", "records", "modes"}
+    assert set(document) == {"model", "engine", "dtype", "hardware", "data", "records", "modes"}
     assert document["records"] == 1 and document["model"] == "SmolLM2-135M-Instruct"
     assert document == {**document, **measured_on(resolve_dtype("auto", prepare_default_model(), on_gpu=False))}
     assert set(document["modes"]) == {"full_prefill", "full_reuse", "cacheblend"}
@@ -29,8 +30,13 @@ def test_eval_writes_the_documented_json(tmp_path: Path) -> None:
         assert set(row) == SUMMARY_KEYS
         assert row["context_tokens_mean"] > 100
         assert row["ttft_s_median"] > 0
+        for metric in QUALITY:
+            low, high = row[f"{metric}_ci95"]
+            assert low <= row[metric] <= high
     full = document["modes"]["full_prefill"]
     assert full["agreement_f1"] == 1.0 and full["first_token_kl"] == 0.0 and full["recomputed_fraction"] == 1.0
+    assert full["tf_kl"] == 0.0 and full["exact_match"] == 1.0
+    assert document["modes"]["full_reuse"]["tf_kl"] > 0.0  # full reuse does deviate along the answer
     assert 0.0 < document["modes"]["cacheblend"]["recomputed_fraction"] < 0.5
     assert document["modes"]["full_reuse"]["recomputed_fraction"] == 0.0
     assert "cacheblend" in result.output
@@ -51,7 +57,7 @@ def test_eval_gradual_filtering_recomputes_twice_the_ratio_at_the_check_layer(tm
     for flag in ("--no-gradual-filtering", "--gradual-filtering"):
         out = tmp_path / f"{flag}.json"
         result = CliRunner().invoke(app, ["eval", "--data", str(data), "--limit", "1", "--modes", "cacheblend",
-                                          "--selection-span-tokens", "1", flag, "--max-new-tokens", "1",
+                                          "--selection-span-tokens", "1", flag, "--max-new-tokens", "1", "--no-teacher-forced",
                                           "--out", str(out)])
         assert result.exit_code == 0, result.output
         fractions[flag] = json.loads(out.read_text())["modes"]["cacheblend"]["recomputed_fraction"]

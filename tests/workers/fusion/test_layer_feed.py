@@ -34,7 +34,7 @@ class SlowTier(MemoryTier):
         return super().read(key, start, end)
 
 
-MODES = [("cacheblend", 0.15), ("full_reuse", 0.0), ("epic", 0.15), ("cachecraft", 0.15)]
+MODES = [("cacheblend", 0.15), ("full_reuse", 0.0), ("epic", 0.15), ("cachecraft", 0.15), ("query_driven", 0.15)]
 
 
 @pytest.mark.parametrize("mode,ratio", MODES)

@@ -1,11 +1,12 @@
 """The oracle selection: the true top-deviation tokens, and full prefill at ratio 1."""
+import pytest
 import torch
 
 from workers.checkpoint import Checkpoint
 from workers.chunk_kv import compute_chunk_kv
 from workers.fusion.base import FusionOptions
 from workers.fusion.layout import BlendLayout
-from workers.fusion.oracle import OracleSelection, kv_error, oracle_positions
+from workers.fusion.oracle import ORACLE_WEIGHTINGS, OracleSelection, kv_error, oracle_positions, per_layer_normalised
 from workers.prompt import PromptLayout
 from workers.runner import ModelRunner
 
@@ -37,3 +38,23 @@ def test_oracle_at_full_ratio_is_full_prefill(checkpoint: Checkpoint, runner: Mo
     reference = runner.forward(layout.token_ids, runner.new_cache(layout.num_tokens), 0)
     torch.testing.assert_close(result.last_hidden, reference[-1], atol=1e-4, rtol=1e-4)
     assert result.recomputed_fraction == 1.0
+
+
+def test_per_layer_normalisation_counts_every_layer_alike() -> None:
+    error = torch.tensor([[100.0, 0.0, 0.0], [0.0, 1.0, 0.0]])  # [L, N]: a loud layer and a quiet one
+    assert error.sum(dim=0).tolist() == [100.0, 1.0, 0.0]  # raw: the loud layer's token outweighs 100x
+    assert per_layer_normalised(error).tolist() == [3.0, 3.0, 0.0]  # normalised: each layer's top counts alike
+
+
+def test_oracle_variants_at_full_ratio_are_full_prefill(checkpoint: Checkpoint, runner: ModelRunner) -> None:
+    encode = lambda text: list(checkpoint.tokenizer(text, add_special_tokens=False).input_ids)  # noqa: E731
+    chunks = [encode("Ada Lovelace wrote the first program. "), encode("Charles Babbage designed the engine. ")]
+    prompt = PromptLayout([], chunks, encode("Who wrote the first program?"))
+    reference = runner.forward(torch.tensor(prompt.token_ids), runner.new_cache(len(prompt.token_ids)), 0)
+    for weighting in ORACLE_WEIGHTINGS:
+        layout = BlendLayout.build(prompt, [compute_chunk_kv(runner, ids) for ids in chunks], None)
+        mode = OracleSelection(FusionOptions(selection_span_tokens=1), weighting, rounds=2)
+        result = mode.prefill(runner, layout, runner.new_cache(layout.num_tokens), 1.0)
+        torch.testing.assert_close(result.last_hidden, reference[-1], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError):
+        OracleSelection(FusionOptions(), "loudest")

@@ -1,0 +1,137 @@
+"""Quality/TTFT frontier: every fusion mode at every ratio on the same records, one engine, one run; resumable.
+
+Per record (chunk KV stored first, not timed): full prefill answers (the reference), then each mode at each
+ratio answers (timed: TTFT) and is fused again (not timed) to feed the full-prefill answer through the fusion
+runner (teacher-forced KL and NLL gap). Every record's scores are appended to --rows as they finish; a rerun
+skips the records already there, so a crash or a stop loses at most one record. Then the summary (means with
+95% bootstrap intervals over records, TTFT medians) goes to --out and agreement F1 against TTFT to --plot.
+"""
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from workers.dtype import AUTO, DTYPE_CHOICES, measured_on  # noqa: E402
+from workers.evaluation.dataset import load_records  # noqa: E402
+from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine  # noqa: E402
+from workers.evaluation.evaluate import REFERENCE_MODE, EvalRun, RecordScore, evaluate, score_row, summarise  # noqa: E402
+from workers.fusion.base import FusionOptions  # noqa: E402
+
+DEFAULT_MODES = "full_reuse,epic,cacheblend,cachecraft,query_driven"
+DEFAULT_RATIOS = "0.05,0.1,0.15,0.2,0.3,0.5"
+RATIO_FREE = {"full_reuse"}  # modes that recompute nothing whatever the ratio: run once
+
+
+def frontier_runs(modes: list[str], ratios: list[float]) -> list[EvalRun]:
+    """Full prefill, then each mode at each ratio (once for the ratio-free ones), labelled MODE@RATIO."""
+    runs = [EvalRun(REFERENCE_MODE, REFERENCE_MODE, 1.0)]
+    for mode in modes:
+        for ratio in ratios[:1] if mode in RATIO_FREE else ratios:
+            runs.append(EvalRun(mode if mode in RATIO_FREE else f"{mode}@{ratio:g}", mode, ratio))
+    return runs
+
+
+def read_rows(path: Path) -> list[RecordScore]:
+    """The record scores already written (none when the file does not exist)."""
+    if not path.exists():
+        return []
+    return [RecordScore(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot(summary: dict[str, dict[str, Any]], modes: list[str], title: str, path: Path) -> None:
+    """Agreement F1 (95% interval bars) against TTFT median, one line per mode through its ratios."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for mode in modes:
+        rows = sorted((r for r in summary.values() if r["mode"] == mode), key=lambda r: r["ratio"])
+        if not rows:
+            continue
+        ttft = [r["ttft_s_median"] for r in rows]
+        mean = [r["agreement_f1"] for r in rows]
+        errors = [[m - r["agreement_f1_ci95"][0] for m, r in zip(mean, rows)],
+                  [r["agreement_f1_ci95"][1] - m for m, r in zip(mean, rows)]]
+        ax.errorbar(ttft, mean, yerr=errors, marker="o", capsize=3, label=mode)
+        for x, y, r in zip(ttft, mean, rows):
+            if mode not in RATIO_FREE:
+                ax.annotate(f"{r['ratio']:g}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    reference = summary.get(REFERENCE_MODE)
+    if reference is not None:
+        ax.axvline(reference["ttft_s_median"], color="gray", linestyle="--", label="full prefill TTFT")
+    ax.axhline(0.90, color="red", linestyle=":", label="target 0.90")
+    ax.set(xlabel="TTFT median (s)", ylabel="agreement F1 with full prefill (95% CI)", title=title, ylim=(0.0, 1.02))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    """Run the records not yet in --rows, then summarise every row there."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/musique_cacheblend.dev.jsonl"))
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--engine", choices=ENGINE_KINDS, default="vllm")
+    parser.add_argument("--modes", default=DEFAULT_MODES)
+    parser.add_argument("--ratios", default=DEFAULT_RATIOS)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--rows", type=Path, required=True, help="per-record scores, JSON lines (appended)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
+    parser.add_argument("--summarise-only", action="store_true", help="only summarise the rows already written")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    modes = [m for m in args.modes.split(",") if m]
+    runs = frontier_runs(modes, [float(r) for r in args.ratios.split(",")])
+    records = load_records(args.data, args.limit, args.offset)
+    done = {row.record for row in read_rows(args.rows)}
+    todo = [r for r in records if r.id not in done]
+    access = None
+    if todo and not args.summarise_only:
+        access = load_eval_engine(args.engine, dtype=args.dtype, options=FusionOptions())
+        args.rows.parent.mkdir(parents=True, exist_ok=True)
+        with args.rows.open("a") as handle:
+            def on_record(index: int, rows: list[RecordScore]) -> None:
+                handle.writelines(json.dumps(score_row(row)) + "\n" for row in rows)
+                handle.flush()
+                print(f"record {index + 1}/{len(todo)} " + " ".join(f"{r.label} {r.agreement_f1:.2f}" for r in rows),
+                      flush=True)
+
+            evaluate(access, todo, runs, args.max_new_tokens, True, on_record)
+        dtype = access.engine.dtype
+        access.engine.close()
+    else:
+        from workers.dtype import resolve_dtype
+        from workers.default_model import prepare_default_model
+
+        dtype = resolve_dtype(args.dtype, prepare_default_model(), on_gpu=False)
+    wanted = {r.id for r in records}
+    rows = [row for row in read_rows(args.rows) if row.record in wanted]
+    summary = summarise(rows, runs)
+    result = {**measured_on(dtype), "engine": args.engine, "data": str(args.data),
+              "records": len({row.record for row in rows}), "offset": args.offset,
+              "max_new_tokens": args.max_new_tokens, "modes": summary}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot is not None:
+        title = (f"{args.data.name}, {result['records']} records, {args.engine} engine, "
+                 f"{result['dtype']} ({result['hardware']})")
+        plot(summary, modes, title, args.plot)
+    print("| run | agreement F1 [95% CI] | exact match | first-token agree | TF KL [95% CI] | TTFT median (s) | recomputed |")
+    print("|---|---|---|---|---|---|---|")
+    for label, row in summary.items():
+        low, high = row["agreement_f1_ci95"]
+        kl_low, kl_high = row.get("tf_kl_ci95", (0.0, 0.0))
+        print(f"| {label} | {row['agreement_f1']:.3f} [{low:.3f}, {high:.3f}] | {row['exact_match']:.2f} | "
+              f"{row['first_token_agreement']:.2f} | {row.get('tf_kl', 0.0):.4f} [{kl_low:.4f}, {kl_high:.4f}] | "
+              f"{row['ttft_s_median']:.3f} | {row['recomputed_fraction']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Query-driven selection: what it may choose, its budget, and exactness on the real model (float32)."""
+import pytest
+import torch
+
+from workers.checkpoint import Checkpoint
+from workers.chunk_kv import ChunkLayers
+from workers.engine_base import BlendRequest
+from workers.evaluation.divergence import first_token_kl
+from workers.fusion.base import FusionOptions
+from workers.fusion.layout import BlendLayout
+from workers.fusion.query_driven import QueryDriven, QueryScoring, question_attention, select_tokens
+from workers.prompt import PromptLayout
+from workers.sampling import SamplingParams
+from workers.torch_engine import TorchEngine
+
+
+def _layout(kv_end: int | None = None) -> BlendLayout:
+    """Prefix [0, 4) at 0, chunk A [4, 12) computed after the prefix (exact), chunk B [12, 20), question [20, 24)."""
+    prompt = PromptLayout([1] * 4, [[2] * 8, [3] * 8], [4] * 4)
+    cached = [ChunkLayers([2] * 8, iter(()), 1, base_position=4), ChunkLayers([3] * 8, iter(()), 1, base_position=4)]
+    return BlendLayout.build(prompt, cached, ChunkLayers([1] * 4, iter(()), 1), kv_end=kv_end)
+
+
+def test_exact_leading_segments_are_never_chosen() -> None:
+    layout = _layout()
+    assert layout.exact_end() == 12  # the prefix and the first chunk sit where they were computed
+    scores = torch.arange(24, dtype=torch.float32).flip(0)  # the earliest tokens score highest
+    chosen = select_tokens(scores, layout, 0.25, 1, "global").tolist()
+    # 25% of the 20 reused tokens = 5, all from chunk B (best first: its earliest), plus the forced question
+    assert chosen == [12, 13, 14, 15, 16, 20, 21, 22, 23]
+    assert select_tokens(scores, layout, 1.0, 1, "global").tolist() == list(range(12, 24))  # all B: 8 of 20
+
+
+def test_spans_and_the_vllm_layout() -> None:
+    layout = _layout(kv_end=20)  # the vLLM engine: KV for the context only, its last token forced
+    scores = torch.zeros(20)
+    scores[17] = 1.0
+    assert select_tokens(scores, layout, 0.1, 4, "global").tolist() == [16, 17, 18, 19]  # the span [16, 20)
+    assert select_tokens(scores, layout, 0.0, 4, "global").tolist() == [19]
+
+
+def test_a_per_chunk_budget_takes_the_same_share_of_each_chunk() -> None:
+    prompt = PromptLayout([1] * 4, [[2] * 8, [3] * 8, [5] * 8], [4] * 4)
+    cached = [ChunkLayers(ids, iter(()), 1, base_position=4) for ids in prompt.chunk_ids]
+    layout = BlendLayout.build(prompt, cached, ChunkLayers([1] * 4, iter(()), 1))
+    scores = torch.zeros(32)
+    scores[12:20] = torch.linspace(2.0, 1.0, 8)  # chunk B holds all the relevance, its earliest tokens most
+    global_pick = select_tokens(scores, layout, 0.25, 1, "global").tolist()
+    split = select_tokens(scores, layout, 0.25, 1, "per_chunk").tolist()
+    assert [p for p in global_pick if p < 28] == list(range(12, 19))  # 7 = 25% of 28 reused, all in B
+    assert sum(12 <= p < 20 for p in split) == sum(20 <= p < 28 for p in split) == 4  # half of each of B and C
+
+
+def test_options_are_validated() -> None:
+    for bad in (dict(first_layer=-1), dict(first_layer=3, last_layer=2), dict(query_tokens=0), dict(budget_split="x")):
+        with pytest.raises(ValueError):
+            QueryScoring(**bad)
+
+
+def test_the_scout_over_the_cached_context_is_full_reuse_and_ratio_one_is_full_prefill(
+    checkpoint: Checkpoint, qa_records: list[dict]
+) -> None:
+    engine = TorchEngine.from_checkpoint(checkpoint)
+    record = qa_records[0]
+    prompt = engine.fuser.layout(record["documents"], record["question"])
+    engine.fuser.precompute(prompt)
+    runner = engine.fuser.runner
+    logprobs = lambda mode, ratio: runner.logits(  # noqa: E731
+        engine.fuser.fuse(prompt, mode, ratio).prefill.last_hidden[None])[0].log_softmax(-1)
+    # The scout runs the question over the cached KV, as full reuse does: its attention rows are distributions.
+    fused = engine.fuser.fuse(prompt, "full_reuse", 0.0)
+    layout = fused.layout
+    scores = question_attention(runner, layout, fused.cache, None, runner.config.num_layers - 1, None)
+    num_question = layout.num_tokens - layout.num_context_tokens
+    mass = scores.sum(dim=1) / (num_question * runner.config.num_heads)  # [L]: context's share of the attention
+    assert bool(((mass > 0.5) & (mass <= 1.0 + 1e-5)).all())
+    assert float(scores[:, layout.num_context_tokens :].abs().sum()) == 0.0  # the question's own keys not counted
+    # At ratio 1 every inexact token is recomputed: the same distribution as full prefill (float32 rounding).
+    full = logprobs("full_prefill", 1.0)
+    torch.testing.assert_close(logprobs("query_driven", 1.0), full, atol=2e-3, rtol=0.0)
+    assert first_token_kl(full, logprobs("query_driven", 0.15)) < first_token_kl(full, logprobs("full_reuse", 0.0))
+    result = engine.generate(BlendRequest(record["documents"], record["question"], "query_driven", 0.15,
+                                          SamplingParams(max_new_tokens=2)))
+    assert 0.1 < result.stats.recomputed_fraction < 0.2 and result.stats.mode == "query_driven"

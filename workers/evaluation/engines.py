@@ -1,0 +1,43 @@
+"""The engines an evaluation can run on, loaded with the fusion options it compares."""
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from workers.checkpoint import load_checkpoint
+from workers.default_model import prepare_default_model
+from workers.dtype import resolve_dtype, torch_dtype
+from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
+from workers.fuser import Fuser
+from workers.fusion.base import FusionMode, FusionOptions
+from workers.runner import ModelRunner
+from workers.torch_engine import TorchEngine
+
+ENGINE_KINDS = ("torch", "vllm")
+MAX_MODEL_LEN = 8192  # the longest shared records are ~6.4k tokens plus the answer
+
+
+def load_eval_engine(
+    kind: str,
+    model: Path | None = None,
+    dtype: str = "auto",
+    options: FusionOptions = FusionOptions(),
+    chunk_context: str = "prefix",
+    modes: Mapping[str, FusionMode] | None = None,
+) -> EngineAccess:
+    """The torch engine, or the vLLM engine (vLLM prefills the question and decodes), with `options`' modes.
+
+    `modes`: the strategies requests may name (the registry's, built from `options`, by default).
+    """
+    if kind not in ENGINE_KINDS:
+        raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {kind!r}")
+    path = model or prepare_default_model()
+    if kind == "torch":
+        checkpoint = load_checkpoint(path, torch_dtype(resolve_dtype(dtype, path, on_gpu=False)))
+        return direct_access(TorchEngine(Fuser(ModelRunner(checkpoint), options, chunk_context=chunk_context, modes=modes)))
+    from workers.vllm.engine import VLLMEngine  # imports vllm: only when asked for
+    from workers.vllm.settings import VLLMSettings
+
+    scratch = Path(tempfile.mkdtemp(prefix="blendserve-eval-"))
+    settings = VLLMSettings(max_model_len=MAX_MODEL_LEN)
+    make_fuser = lambda runner: Fuser(runner, options, chunk_context=chunk_context, modes=modes)  # noqa: E731
+    return engine_thread_access(VLLMEngine.start(path, scratch, settings, resolve_dtype(dtype, path), make_fuser))
