@@ -90,25 +90,27 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     runs = frontier_runs(modes, [float(r) for r in args.ratios.split(",")])
     records = load_records(args.data, args.limit, args.offset)
-    done = {row.record for row in read_rows(args.rows)}
-    todo = [r for r in records if r.id not in done]
-    access = None
+    done = {(row.record, row.label) for row in read_rows(args.rows)}
+    todo = [(record, [run for run in runs if (record.id, run.label) not in done]) for record in records]
+    todo = [(record, missing) for record, missing in todo if missing]
     if todo and not args.summarise_only:
         access = load_eval_engine(args.engine, dtype=args.dtype, options=FusionOptions())
         args.rows.parent.mkdir(parents=True, exist_ok=True)
         with args.rows.open("a") as handle:
-            def on_record(index: int, rows: list[RecordScore]) -> None:
-                handle.writelines(json.dumps(score_row(row)) + "\n" for row in rows)
+            for index, (record, missing) in enumerate(todo):
+                # full prefill always answers first: it is the reference; its row is written once
+                scores, _ = evaluate(access, [record], [runs[0], *(r for r in missing if r != runs[0])],
+                                     args.max_new_tokens, True, warm_up=index == 0)
+                fresh = [row for row in scores if (row.record, row.label) not in done]
+                handle.writelines(json.dumps(score_row(row)) + "\n" for row in fresh)
                 handle.flush()
-                print(f"record {index + 1}/{len(todo)} " + " ".join(f"{r.label} {r.agreement_f1:.2f}" for r in rows),
-                      flush=True)
-
-            evaluate(access, todo, runs, args.max_new_tokens, True, on_record)
+                print(f"record {index + 1}/{len(todo)} {record.id} "
+                      + " ".join(f"{r.label} {r.agreement_f1:.2f}/{r.tf_kl:.3f}" for r in fresh), flush=True)
         dtype = access.engine.dtype
         access.engine.close()
     else:
-        from workers.dtype import resolve_dtype
         from workers.default_model import prepare_default_model
+        from workers.dtype import resolve_dtype
 
         dtype = resolve_dtype(args.dtype, prepare_default_model(), on_gpu=False)
     wanted = {r.id for r in records}

@@ -85,6 +85,7 @@ def evaluate(
     max_new_tokens: int = 32,
     teacher_forced: bool = True,
     on_record: Callable[[int, list[RecordScore]], None] | None = None,
+    warm_up: bool = True,
 ) -> tuple[list[RecordScore], float]:
     """Score every run on every record against the gold answers and the full-prefill answer.
 
@@ -94,7 +95,8 @@ def evaluate(
     """
     engine = access.engine
     sampling = SamplingParams(max_new_tokens=max_new_tokens)
-    engine.generate(BlendRequest(["warm-up"], "warm-up?", REFERENCE_MODE, sampling=SamplingParams(max_new_tokens=2)))
+    if warm_up:
+        engine.generate(BlendRequest(["warm-up"], "warm-up?", REFERENCE_MODE, sampling=SamplingParams(max_new_tokens=2)))
     scores: list[RecordScore] = []
     store_s = 0.0
     for index, record in enumerate(records):
