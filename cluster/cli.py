@@ -13,11 +13,16 @@ DTYPE_HELP = "auto (bf16 on CPUs with native bf16, else float32; the model's own
 
 
 @app.command("prepare-model")
-def prepare_model(cache_dir: Path = typer.Option(None, help="Where prepared checkpoints live.")) -> None:
-    """Convert the default model (SmolLM2-135M-Instruct GGUF) to a bf16 safetensors checkpoint, once."""
-    from workers.default_model import prepare_default_model
+def prepare_model(
+    cache_dir: Path = typer.Option(None, help="Where prepared checkpoints live."),
+    model: str = typer.Option("smollm2-135m", help="smollm2-135m (the default model) or gemma3-270m."),
+) -> None:
+    """Convert a known model's GGUF to a bf16 safetensors checkpoint, once; prints the checkpoint's directory."""
+    from workers.prepared_models import PREPARERS
 
-    typer.echo(str(prepare_default_model(cache_dir)))
+    if model not in PREPARERS:
+        raise typer.BadParameter(f"choose from {', '.join(PREPARERS)}", param_hint="--model")
+    typer.echo(str(PREPARERS[model](cache_dir)))
 
 
 @app.command("serve")

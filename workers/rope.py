@@ -7,8 +7,9 @@ import torch
 from workers.model_config import RopeConfig
 
 
-KeyRotation = Callable[[torch.Tensor, int], torch.Tensor]
-"""Cached keys [T, H_kv, D] rotated for positions p, returned rotated for p + delta (a runner's rerotate_keys)."""
+KeyRotation = Callable[[int, torch.Tensor, int], torch.Tensor]
+"""(layer, cached keys [T, H_kv, D] rotated for positions p, delta) -> the keys rotated for p + delta, with that
+layer's RoPE (a runner's rerotate_keys: layers of one model may rotate differently, e.g. Gemma 3's two bases)."""
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -43,7 +44,8 @@ def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tens
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x by the tables' angles (rotate-half layout). x: [T, H, D]; cos, sin: [T, D] or [1, D]."""
+    """Rotate x by the tables' angles (rotate-half layout). x: [T, H, D]; cos, sin: [T, D] or [T, D/2] (only the
+    first half is read: both halves repeat the same angles), or [1, ...] for one angle set."""
     half = x.shape[-1] // 2
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]  # [T, H, D/2] each

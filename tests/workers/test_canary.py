@@ -36,7 +36,7 @@ def test_canary_refuses_unrotated_keys_and_the_engine_serves_full_prefill(
     checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, qa_records: list[dict]
 ) -> None:
     runner = ModelRunner(checkpoint)
-    monkeypatch.setattr(runner, "rerotate_keys", lambda k, delta: k)  # positions never recovered
+    monkeypatch.setattr(runner, "rerotate_keys", lambda layer, k, delta: k)  # positions never recovered
     with caplog.at_level(logging.ERROR, logger="workers.canary"):
         engine = TorchEngine(guarded(runner, LocalChunkStore()))
     assert not measure_canary(engine.fuser).passed
@@ -54,8 +54,8 @@ def test_a_wrong_rotation_direction_is_also_caught(checkpoint: Checkpoint, monke
     runner = ModelRunner(checkpoint)
     rerotate = runner.rerotate_keys
 
-    def backwards(k: torch.Tensor, delta: int) -> torch.Tensor:
-        return rerotate(k, -delta)
+    def backwards(layer: int, k: torch.Tensor, delta: int) -> torch.Tensor:
+        return rerotate(layer, k, -delta)
 
     monkeypatch.setattr(runner, "rerotate_keys", backwards)
     report = measure_canary(Fuser(runner))

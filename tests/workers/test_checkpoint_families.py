@@ -1,4 +1,5 @@
-"""Any local Llama-family checkpoint loads and matches transformers; re-rotated chunk keys match a fresh prefill."""
+"""Any local checkpoint of a supported family loads and matches transformers; re-rotated chunk keys match a fresh
+prefill at the offset, layer by layer with each layer's RoPE."""
 import json
 import re
 import shutil
@@ -14,7 +15,6 @@ from tests.workers.tiny_checkpoints import FAMILIES, tiny_checkpoint
 from workers.checkpoint import load_checkpoint
 from workers.chunk_kv import compute_chunk_kv
 from workers.model_config import UnsupportedModelError
-from workers.rope import rerotate
 from workers.runner import ModelRunner
 
 ATOL = 1e-4
@@ -65,9 +65,12 @@ def test_config_is_read_as_transformers_reads_it(family: tuple[str, PreTrainedMo
     assert (ours.num_layers, ours.num_heads, ours.num_kv_heads, ours.head_dim) == (2, 4, 2, 16)
     assert ours.qkv_bias == (name == "qwen2")
     assert ours.tie_word_embeddings == hf.tie_word_embeddings
-    assert ours.rope.theta == hf.rope_parameters["rope_theta"]
-    assert ours.rope.rope_type == hf.rope_parameters["rope_type"]
-    assert (runner.weights.lm_head is runner.weights.embed) == (name == "llama_tied")
+    for layer, kind in enumerate(ours.layer_kinds):
+        layer_type = hf.layer_types[layer] if name == "gemma3" else None
+        theirs = hf.rope_parameters[layer_type] if layer_type else hf.rope_parameters
+        assert (kind.rope.theta, kind.rope.rope_type) == (theirs["rope_theta"], theirs["rope_type"])
+        assert kind.window_tokens == (hf.sliding_window if layer_type == "sliding_attention" else None)
+    assert (runner.weights.lm_head is runner.weights.embed) == (name in ("llama_tied", "gemma3"))
 
 
 @torch.inference_mode()
@@ -103,8 +106,10 @@ def test_rerotated_chunk_kv_matches_transformers_at_offset(
     for layer in range(runner.config.num_layers):
         their_k = cache.layers[layer].keys[0].transpose(0, 1)  # [B, H_kv, T, D] -> [T, H_kv, D]
         their_v = cache.layers[layer].values[0].transpose(0, 1)
-        cached_k, cached_v = chunk.kv[layer, 0], chunk.kv[layer, 1]
-        torch.testing.assert_close(rerotate(cached_k, runner.inv_freq, offset), their_k, atol=ATOL, rtol=0)
+        kept = their_k.shape[0]  # a sliding-window layer's cache keeps only the last window - 1 tokens
+        assert kept == len(ids) or kept == runner.config.layer_kind(layer).window_tokens - 1
+        cached_k, cached_v = chunk.kv[layer, 0, -kept:], chunk.kv[layer, 1, -kept:]
+        torch.testing.assert_close(runner.rerotate_keys(layer, cached_k, offset), their_k, atol=ATOL, rtol=0)
         torch.testing.assert_close(cached_v, their_v, atol=ATOL, rtol=0)
         if offset:
             assert not torch.allclose(cached_k, their_k, atol=1e-2)  # re-rotation did real work

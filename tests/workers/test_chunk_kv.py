@@ -28,7 +28,7 @@ def test_a_chunk_computed_after_the_prefix_moves_to_a_shift_like_computing_it_th
     chunk = tokenizer(qa_records[0]["documents"][0], add_special_tokens=False).input_ids
     cached = compute_chunk_kv(runner, chunk, prefix)  # K rotated for positions len(prefix)..
     there = kv_at(runner, prefix + chunk, SHIFT)[:, :, len(prefix) :]
-    moved_keys = runner.rerotate_keys(cached.kv[:, 0], SHIFT)  # every layer's keys: [L, T, H_kv, D]
+    moved_keys = torch.stack([runner.rerotate_keys(layer, k, SHIFT) for layer, k in enumerate(cached.kv[:, 0])])
     assert not torch.allclose(cached.kv[:, 0], there[:, 0], atol=0.1)  # the shift is visible in the keys
     # Only float32 rounding differs (RoPE tables at other angles): relative error ~1e-5 over 30 layers.
     torch.testing.assert_close(moved_keys, there[:, 0], atol=2e-3, rtol=1e-4)

@@ -1,9 +1,10 @@
-"""config.json of Llama-family checkpoints parses; features the runner cannot run exactly are refused by name."""
+"""config.json of supported checkpoints parses (Gemma 3's layer kinds too); features the runner cannot run exactly
+are refused by name."""
 from typing import Any
 
 import pytest
 
-from workers.model_config import ModelConfig, RopeConfig, UnsupportedModelError
+from workers.model_config import GEMMA3_TRAITS, AttentionKind, ModelConfig, RopeConfig, UnsupportedModelError
 
 
 def llama_config(**overrides: Any) -> dict[str, Any]:
@@ -58,6 +59,40 @@ def qwen2_config(**overrides: Any) -> dict[str, Any]:
     )
     for key in ("attention_bias", "mlp_bias", "head_dim"):
         del config[key]
+    config.update(overrides)
+    return config
+
+
+def gemma3_config(**overrides: Any) -> dict[str, Any]:
+    """Gemma 3 270M's config.json as transformers 5 writes it: 5 sliding-window layers to 1 global, two RoPE bases."""
+    config: dict[str, Any] = {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "attention_bias": False,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 640,
+        "intermediate_size": 2048,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 18,
+        "num_key_value_heads": 1,
+        "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+        "sliding_window": 512,
+        "tie_word_embeddings": True,
+        "use_bidirectional_attention": False,
+        "vocab_size": 262144,
+    }
     config.update(overrides)
     return config
 
@@ -221,6 +256,56 @@ def test_linear_scaling_read(rope_keys: dict[str, Any]) -> None:
     ],
 )
 def test_unsupported_config_is_refused_by_name(config: dict[str, Any], problem: str) -> None:
+    with pytest.raises(UnsupportedModelError) as refused:
+        ModelConfig.from_hf(config)
+    assert problem in str(refused.value)
+
+
+def test_gemma3_parses_with_its_layer_kinds() -> None:
+    cfg = ModelConfig.from_hf(gemma3_config())
+    assert cfg.architecture == "Gemma3ForCausalLM" and cfg.traits == GEMMA3_TRAITS
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (18, 4, 1, 256)
+    local, global_ = AttentionKind(RopeConfig(theta=10000.0), 512), AttentionKind(RopeConfig(theta=1000000.0))
+    assert cfg.layer_kinds == ((local,) * 5 + (global_,)) * 3
+    assert cfg.layer_kind(5) == cfg.layer_kind(17) == global_ and cfg.layer_kind(0).is_sliding
+    assert cfg.rope == RopeConfig(theta=1000000.0)  # the full-attention layers'
+    assert cfg.attention_scale == 256**-0.5 and cfg.embedding_scale == 640**0.5
+    assert cfg.qkv_bias is False and cfg.tie_word_embeddings is True
+
+
+def test_gemma3_attention_scale_follows_query_pre_attn_scalar() -> None:
+    assert ModelConfig.from_hf(gemma3_config(query_pre_attn_scalar=144)).attention_scale == 144**-0.5
+    llama = ModelConfig.from_hf(llama_config())
+    assert llama.attention_scale == 64**-0.5 and llama.embedding_scale == 1.0
+    assert all(kind == AttentionKind(llama.rope) for kind in llama.layer_kinds)
+
+
+def test_gemma3_transformers4_form_reads_the_local_base() -> None:
+    """transformers 4 wrote rope_theta (global), rope_local_base_freq and rope_scaling (global layers only)."""
+    hf = without(gemma3_config(), "rope_parameters")
+    hf.update(rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    cfg = ModelConfig.from_hf(hf)
+    assert cfg.layer_kind(0).rope == RopeConfig(theta=10000.0)
+    assert cfg.layer_kind(5).rope == RopeConfig(theta=1000000.0, rope_type="linear", factor=8.0)
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        (gemma3_config(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0 is not supported"),
+        (gemma3_config(final_logit_softcapping=30.0), "final_logit_softcapping=30.0 is not supported"),
+        (gemma3_config(use_bidirectional_attention=True), "use_bidirectional_attention"),
+        (gemma3_config(hidden_activation="silu"), "hidden_act 'silu' is not supported"),
+        (without(gemma3_config(), "layer_types"), "no layer_types"),
+        (gemma3_config(layer_types=["full_attention"] * 17), "layer_types must name"),
+        (gemma3_config(layer_types=["chunked_attention"] * 18), "layer_types must name"),
+        (gemma3_config(sliding_window=None), "need a sliding_window"),
+        (gemma3_config(architectures=["Gemma3ForConditionalGeneration"]), "is not supported"),
+    ],
+    ids=["attn-softcap", "final-softcap", "bidirectional", "silu", "no-layer-types", "layer-count", "unknown-kind",
+         "no-window", "multimodal"],
+)
+def test_unsupported_gemma3_config_is_refused_by_name(config: dict[str, Any], problem: str) -> None:
     with pytest.raises(UnsupportedModelError) as refused:
         ModelConfig.from_hf(config)
     assert problem in str(refused.value)

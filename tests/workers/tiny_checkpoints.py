@@ -1,4 +1,4 @@
-"""Tiny random Llama-family checkpoints built with transformers, for parity tests of the layer-wise runner."""
+"""Tiny random checkpoints of every supported family, built with transformers, for parity tests of the runner."""
 import math
 import shutil
 from pathlib import Path
@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -56,6 +58,22 @@ FAMILIES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], dict[st
         LlamaConfig,
         LlamaForCausalLM,
         {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}},
+    ),
+    # one sliding-window layer (8 tokens, so the test prompts cross it) and one global layer, each with its own
+    # RoPE base; an attention scalar other than head_dim, so a wrong logit scale shows
+    "gemma3": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        {
+            "head_dim": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 8,
+            "query_pre_attn_scalar": 24,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+        },
     ),
 }
 

@@ -27,10 +27,10 @@ class Segment:
         return self.end - self.start
 
     def place(self, cache: KVCache, layer: int, kv: torch.Tensor, rotate: KeyRotation) -> None:
-        """Write one cached layer `[2, T, H_kv, D]` at the segment's offset, keys re-rotated to it."""
+        """Write one cached layer `[2, T, H_kv, D]` at the segment's offset, keys re-rotated by that layer's RoPE."""
         assert self.cached is not None
         kv = kv.to(cache.data.device, non_blocking=True)  # from (pinned) host memory when the cache is on a GPU
-        cache.data[layer, 0, self.start : self.end] = rotate(kv[0], self.start - self.cached.base_position)
+        cache.data[layer, 0, self.start : self.end] = rotate(layer, kv[0], self.start - self.cached.base_position)
         cache.data[layer, 1, self.start : self.end] = kv[1]
 
 

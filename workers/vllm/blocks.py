@@ -18,3 +18,9 @@ def slot_mapping(block_ids: list[int], start: int, end: int, block_size: int) ->
     positions = torch.arange(start, end)
     blocks = torch.tensor(block_ids, dtype=torch.long)[positions // block_size]
     return blocks * block_size + positions % block_size
+
+
+def written_range(start: int, end: int, num_skipped_blocks: int, block_size: int) -> tuple[int, int]:
+    """The part of positions [start, end) that has real blocks: past the skipped (null) ones. -> [first, end)"""
+    first = min(max(start, num_skipped_blocks * block_size), end)
+    return first, end

@@ -43,8 +43,20 @@ class PagedAttention:
             return None
         return cls(isa, attn.num_heads, attn.num_kv_heads, attn.head_dim, block_size)
 
-    def __call__(self, q: torch.Tensor, q_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [S, H, D] at ascending q_positions; k, v: [N, H_kv, D] at positions 0..N-1 -> [S, H * D]"""
+    def __call__(
+        self,
+        q: torch.Tensor,
+        q_positions: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None = None,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """q: [S, H, D] at ascending q_positions; k, v: [N, H_kv, D] at positions 0..N-1 -> [S, H * D]
+
+        `scale` multiplies the logits (default head_dim ** -0.5); with a `window`, a query sees only the keys less
+        than `window` positions behind it (a sliding-window layer), as vLLM's own attention layers do.
+        """
         from vllm import _custom_ops as ops
 
         num_queries, num_keys, dtype = q.shape[0], k.shape[0], q.dtype
@@ -58,13 +70,14 @@ class PagedAttention:
         metadata = ops.cpu_attn_get_scheduler_metadata(
             num_reqs=num_runs, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim, seq_lens=seq_lens, dtype=dtype, query_start_loc=starts, causal=True,
-            sliding_window_size=-1, isa=self.isa, enable_kv_split=False,
+            sliding_window_size=-1 if window is None else window, isa=self.isa, enable_kv_split=False,
         )
         out = torch.empty(num_queries, self.num_heads, self.head_dim, dtype=dtype)
         ops.cpu_attention_with_kv_cache(
             query=q.contiguous(), key_cache=key_cache, value_cache=value_cache, output=out,
-            query_start_loc=starts, seq_lens=seq_lens, scale=self.head_dim**-0.5, causal=True, alibi_slopes=None,
-            sliding_window=-1, block_table=block_table, softcap=0.0, scheduler_metadata=metadata, s_aux=None,
+            query_start_loc=starts, seq_lens=seq_lens, scale=self.head_dim**-0.5 if scale is None else scale,
+            causal=True, alibi_slopes=None, sliding_window=-1 if window is None else window, block_table=block_table,
+            softcap=0.0, scheduler_metadata=metadata, s_aux=None,
         )
         return out.reshape(num_queries, self.num_heads * self.head_dim)
 

@@ -69,10 +69,10 @@ def test_vllm_rotary_kernel_moves_cached_keys_and_rotates_fresh_ones_like_blends
     before = keys.clone()
     for delta in (1, 777, 5000, -40, -900):
         _, expected, _ = runner.qkv(3, h, base + delta)
-        torch.testing.assert_close(ours.rerotate_keys(keys, delta), expected, atol=ROTATION_ATOL, rtol=ROTATION_RTOL)
+        torch.testing.assert_close(ours.rerotate_keys(3, keys, delta), expected, atol=ROTATION_ATOL, rtol=ROTATION_RTOL)
     assert torch.equal(keys, before)  # never rotated in place
-    assert ours.rerotate_keys(keys, 0) is keys
-    assert not torch.allclose(ours.rerotate_keys(keys, 1), keys, atol=0.1)  # a move by one position is visible
+    assert ours.rerotate_keys(3, keys, 0) is keys
+    assert not torch.allclose(ours.rerotate_keys(3, keys, 1), keys, atol=0.1)  # a move by one position is visible
 
 
 def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine) -> None:
