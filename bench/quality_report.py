@@ -1,78 +1,64 @@
-"""Render the JSON results under docs/results as the markdown tables quoted in docs/quality.md."""
+"""Render the frontier results under docs/results as the markdown tables quoted in docs/quality.md."""
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path("docs/results")
-EVAL_COLUMNS = ("f1", "agreement_f1", "first_token_kl", "ttft_s_median", "ttft_s_mean", "context_tokens_mean",
-                "recomputed_fraction")
+TARGET = 0.90
 
 
-def eval_table(path: Path) -> str:
-    """One row per mode, with TTFT speed-up against full prefill measured in the same run."""
-    doc = json.loads(path.read_text())
+def interval(row: dict[str, Any], metric: str, digits: int = 3) -> str:
+    """`mean [low, high]`, or `-` when the run did not measure it."""
+    if metric not in row:
+        return "-"
+    low, high = row[f"{metric}_ci95"]
+    return f"{row[metric]:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def frontier_table(doc: dict[str, Any]) -> str:
+    """One row per mode and ratio, TTFT speed-up against full prefill measured in the same run."""
     modes = doc["modes"]
     base = modes["full_prefill"]["ttft_s_median"]
-    lines = [f"`{doc['data']}`, {doc['records']} records, model {doc['model']}", "",
-             "| mode | " + " | ".join(EVAL_COLUMNS) + " | TTFT speed-up (median) |",
-             "|---" * (len(EVAL_COLUMNS) + 2) + "|"]
-    for mode, row in modes.items():
-        cells = [f"{row[c]:.3f}" if c != "context_tokens_mean" else f"{row[c]:.0f}" for c in EVAL_COLUMNS]
-        lines.append(f"| {mode} | " + " | ".join(cells) + f" | {base / row['ttft_s_median']:.2f}x |")
+    lines = [f"`{Path(doc['data']).name}`, {doc['records']} records, {doc['engine']} engine, {doc['dtype']} "
+             f"({doc['hardware']})", "",
+             "| run | agreement F1 [95% CI] | exact match | first token agrees | first-token KL | teacher-forced KL "
+             "[95% CI] | NLL gap | TTFT median (s) | speed-up | recomputed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, row in modes.items():
+        lines.append(
+            f"| {label} | {interval(row, 'agreement_f1')} | {row['exact_match']:.2f} | "
+            f"{row['first_token_agreement']:.2f} | {row.get('first_token_kl', 0.0):.4f} | "
+            f"{interval(row, 'tf_kl', 4)} | {row.get('tf_nll_gap', 0.0):.4f} | {row['ttft_s_median']:.3f} | "
+            f"{base / row['ttft_s_median']:.2f}x | {row['recomputed_fraction']:.3f} |")
     return "\n".join(lines)
 
 
-def halves_table(paths: list[Path]) -> str:
-    """Record-weighted means over several runs of one dataset, with each run's TTFT median beside them."""
-    docs = [json.loads(p.read_text()) for p in paths]
-    total = sum(d["records"] for d in docs)
-    means = ("f1", "agreement_f1", "first_token_kl", "ttft_s_mean", "recomputed_fraction")
-    lines = [f"`{docs[0]['data']}`, {total} records in {len(docs)} runs: means weighted by records; TTFT medians "
-             "and speed-ups per run", "",
-             "| mode | " + " | ".join(means) + " | " + " | ".join(f"ttft_s_median run {i + 1}" for i in range(len(docs)))
-             + " | speed-up per run |", "|---" * (len(means) + len(docs) + 2) + "|"]
-    for mode in docs[0]["modes"]:
-        cells = [f"{sum(d['modes'][mode][c] * d['records'] for d in docs) / total:.3f}" for c in means]
-        medians = [d["modes"][mode]["ttft_s_median"] for d in docs]
-        speedups = [d["modes"]["full_prefill"]["ttft_s_median"] / m for d, m in zip(docs, medians)]
-        lines.append(f"| {mode} | " + " | ".join(cells) + " | " + " | ".join(f"{m:.3f}" for m in medians)
-                     + " | " + " / ".join(f"{x:.2f}x" for x in speedups) + " |")
-    return "\n".join(lines)
-
-
-def study_table(path: Path) -> str:
-    """Rows per (chunk context, configuration) of the design study."""
-    doc = json.loads(path.read_text())
-    lines = [f"`{doc['data']}`, {doc['records']} records, ratio {doc['ratio']}", "",
-             "| configuration | first_token_kl | kv_mse | hkvd_recall |", "|---|---|---|---|"]
-    for label, row in doc["results"].items():
-        recall = f"{row['hkvd_recall']:.3f}" if "hkvd_recall" in row else "-"
-        lines.append(f"| {label} | {row['first_token_kl']:.4f} | {row['kv_mse']:.5f} | {recall} |")
-    return "\n".join(lines)
-
-
-def sweep_table(path: Path) -> str:
-    """Agreement F1, first-token KL and TTFT per (mode, ratio) of the sweep."""
-    doc = json.loads(path.read_text())
-    lines = [f"`{doc['data']}`, {doc['records']} records", "",
-             "| run | agreement_f1 | first_token_kl | ttft_s_median | recomputed_fraction |", "|---|---|---|---|---|"]
-    for label, row in doc["runs"].items():
-        lines.append(f"| {label} | {row['agreement_f1']:.3f} | {row['first_token_kl']:.4f} | "
-                     f"{row['ttft_s_median']:.3f} | {row['recomputed_fraction']:.3f} |")
+def reach_table(doc: dict[str, Any]) -> str:
+    """Per mode, the smallest ratio whose mean agreement F1 reaches the target (and its interval's low end)."""
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for row in doc["modes"].values():
+        by_mode.setdefault(row["mode"], []).append(row)
+    lines = [f"| mode | smallest ratio with agreement F1 >= {TARGET} | its agreement [95% CI] | best reached |",
+             "|---|---|---|---|"]
+    for mode, rows in by_mode.items():
+        if mode == "full_prefill":
+            continue
+        rows.sort(key=lambda r: r["ratio"])
+        hit = next((r for r in rows if r["agreement_f1"] >= TARGET), None)
+        best = max(rows, key=lambda r: r["agreement_f1"])
+        reached = f"{hit['ratio']:g}" if hit else f"not within {rows[-1]['ratio']:g}"
+        lines.append(f"| {mode} | {reached} | {interval(hit, 'agreement_f1') if hit else '-'} | "
+                     f"{best['agreement_f1']:.3f} at {best['ratio']:g} |")
     return "\n".join(lines)
 
 
 def main() -> None:
-    """Write every table whose JSON exists to stdout."""
-    renderers = {"musique_cacheblend_1-50.json": eval_table, "musique_cacheblend_51-100.json": eval_table,
-                 "hotpotqa_hipporag.json": eval_table,
-                 "fusion_study.json": study_table, "quality_sweep.json": sweep_table}
-    for name, render in renderers.items():  # a file not yet produced is skipped
-        if (RESULTS / name).is_file():
-            sys.stdout.write(f"### {name}\n\n{render(RESULTS / name)}\n\n")
-    halves = [RESULTS / "musique_cacheblend_1-50.json", RESULTS / "musique_cacheblend_51-100.json"]
-    if all(p.is_file() for p in halves):
-        sys.stdout.write(f"### musique_cacheblend (all records)\n\n{halves_table(halves)}\n\n")
+    """Print the tables of every frontier result given (default: docs/results/frontier_*.json)."""
+    paths = [Path(p) for p in sys.argv[1:]] or sorted(RESULTS.glob("frontier_*.json"))
+    for path in paths:
+        doc = json.loads(path.read_text())
+        print(f"### {path.name}\n\n{frontier_table(doc)}\n\n{reach_table(doc)}\n")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Reproduces docs/quality.md: musique_cacheblend.dev in two halves of 50 records, hotpotqa_hipporag.dev,
-# the ratio sweep, and the design study. Run from the repo root after `make setup`; about two hours on
-# 2 CPU cores, most of it in the musique halves. cacheblend selects single tokens with gradual filtering here,
-# as when the figures were measured (the defaults are now 16-token spans and one check layer: docs/vllm.md).
+# Reproduces docs/quality.md (issue 20): the rank-correlation study, the selection study, the target run and the
+# quality/TTFT frontier on both datasets with the vLLM engine. Run from the repo root after `make setup`, under
+# the machine-wide benchmark lock; every frontier run appends per-record rows and resumes where it stopped.
 set -euo pipefail
-MODES=full_prefill,prefix_cache,full_reuse,epic,cacheblend,cachecraft
 DATA=../shared/data
-.venv/bin/blendserve eval --data $DATA/musique_cacheblend.dev.jsonl --limit 50 \
-    --modes $MODES --ratio 0.15 --selection-span-tokens 1 --gradual-filtering --out docs/results/musique_cacheblend_1-50.json
-.venv/bin/blendserve eval --data $DATA/musique_cacheblend.dev.jsonl --offset 50 --limit 50 \
-    --modes $MODES --ratio 0.15 --selection-span-tokens 1 --gradual-filtering --out docs/results/musique_cacheblend_51-100.json
-.venv/bin/blendserve eval --data $DATA/hotpotqa_hipporag.dev.jsonl \
-    --modes $MODES --ratio 0.15 --selection-span-tokens 1 --gradual-filtering --out docs/results/hotpotqa_hipporag.json
-.venv/bin/python bench/quality_sweep.py --data $DATA/musique_cacheblend.dev.jsonl --limit 5 \
-    --out docs/results/quality_sweep.json --plot docs/quality_sweep.png
-.venv/bin/python bench/fusion_study.py --data $DATA/musique_cacheblend.dev.jsonl --limit 3 \
-    --out docs/results/fusion_study.json
+OUT=docs/results
+PY=.venv/bin/python
+$PY bench/quality_rank_correlation.py --data $DATA/hotpotqa_hipporag.dev.jsonl --limit 20 --out $OUT/rank_correlation.json
+$PY bench/quality_selection_study.py --data $DATA/hotpotqa_hipporag.dev.jsonl --limit 20 \
+    --out $OUT/selection_study_hotpotqa.json
+$PY bench/frontier.py --data $DATA/musique_cacheblend.dev.jsonl --limit 100 --engine vllm \
+    --modes full_reuse,cacheblend,query_driven --ratios 0.15,0.2 \
+    --rows $OUT/frontier_musique.jsonl --out $OUT/frontier_musique_target.json
+for name in hotpotqa_hipporag musique_cacheblend; do
+    $PY bench/frontier.py --data $DATA/$name.dev.jsonl --limit 100 --engine vllm \
+        --rows $OUT/frontier_${name%%_*}.jsonl --out $OUT/frontier_${name%%_*}.json --plot docs/frontier_${name%%_*}.png
+done
+$PY bench/quality_report.py
