@@ -21,6 +21,7 @@ NUM_TOKENS = 12
 # vLLM's float32 angle table vs blendserve's float64 one, on keys of magnitude ~10: measured <= 5.4e-4.
 ROTATION_ATOL, ROTATION_RTOL = 2e-3, 1e-4
 MUSIQUE_FILE = DATA_FILE.with_name("musique_cacheblend.dev.jsonl")
+TARGET_MODE, TARGET_RATIO = "query_driven", 0.2  # the configuration issue 20's fidelity target is asserted for
 
 
 def _records(path, count: int, num_docs: int) -> list[tuple[list[str], str]]:
@@ -172,16 +173,27 @@ def test_unknown_mode_and_too_long_prompts_are_refused(vllm_engine, records) -> 
 
 
 @pytest.mark.slow
-def test_cacheblend_agreement_on_musique(vllm_engine) -> None:
-    # Issue 5 asks for >= 0.85 here; measured 0.83 on these 8 records (one check layer, 16-token spans, vLLM's
-    # rotary and RMSNorm kernels; 0.79 with blendserve's own), so this guards the measured level against
-    # regressions and the target stays open: on this model no choice of 15% of the tokens gets near it
-    # (docs/vllm.md, bench/vllm_agreement_study.py).
-    scores = []
+def test_blended_agreement_on_musique(vllm_engine) -> None:
+    # Issue 20's target: agreement F1 >= 0.90 with full prefill at <= 20% recompute (query-driven selection),
+    # and a teacher-forced KL (along the full-prefill answer) at most a third of full reuse's. Float32 here.
+    from workers.evaluation.divergence import teacher_forced_divergence
+    from workers.evaluation.teacher_forced import answer_logprobs
+
+    scores, kl = [], {"full_reuse": 0.0, TARGET_MODE: 0.0}
     for docs, question in _records(MUSIQUE_FILE, 8, 10):
         vllm_engine.store_documents(docs, "musique")
         reference, _ = _answer(vllm_engine, docs, question, "full_prefill", namespace="musique", max_tokens=32)
-        blended, _ = _answer(vllm_engine, docs, question, "cacheblend", 0.15, namespace="musique", max_tokens=32)
+        blended, stats = _answer(vllm_engine, docs, question, TARGET_MODE, TARGET_RATIO, namespace="musique",
+                                 max_tokens=32)
+        assert stats.recomputed_fraction <= TARGET_RATIO + 0.01
         decode = vllm_engine.tokenizer.decode
         scores.append(token_f1(decode(blended, skip_special_tokens=True), decode(reference, skip_special_tokens=True)))
-    assert sum(scores) / len(scores) >= 0.75, scores
+        prompt = vllm_engine.fuser.layout(docs, question)
+        context = len(prompt.token_ids) - len(prompt.suffix_ids)
+        logprobs = {mode: vllm_engine.call(lambda mode=mode, ratio=ratio: answer_logprobs(
+            vllm_engine.fuser, prompt, mode, ratio, reference, context, "musique"))
+            for mode, ratio in (("full_prefill", 1.0), ("full_reuse", 0.0), (TARGET_MODE, TARGET_RATIO))}
+        for mode in kl:
+            kl[mode] += teacher_forced_divergence(logprobs["full_prefill"], logprobs[mode], torch.tensor(reference)).kl
+    assert sum(scores) / len(scores) >= 0.90, scores
+    assert kl[TARGET_MODE] <= kl["full_reuse"] / 3, kl
