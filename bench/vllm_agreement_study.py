@@ -4,8 +4,10 @@ For each record (musique_cacheblend.dev by default; chunks reversed, as in bench
 - plain vLLM with prefix caching answers the prompt (the reference), then the exact prompt again (served
   from its prefix cache: the noise floor, the same prompt through another order of bf16 operations);
 - the vLLM engine answers with cacheblend at each --ratios value (the default one check layer, 16-token spans);
-- the vLLM engine answers with the oracle selection at --oracle-ratio (workers/fusion/oracle.py: the tokens
-  whose cached KV truly deviates most from a full prefill, single tokens and 16-token spans).
+- the vLLM engine answers with query_driven at each --ratios value;
+- the vLLM engine answers with each oracle heuristic at --oracle-ratio (workers/fusion/oracle.py: tokens
+  ranked by the true KV error raw, per-layer normalised, weighted by the question's attention, or
+  iteratively; single tokens). They know the true KV but are heuristics, not bounds.
 Agreement F1 = token F1 of an answer against the reference answer (greedy, --max-tokens). Writes JSON, prints
 a table.
 """
@@ -25,7 +27,7 @@ from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import token_f1
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
-from workers.fusion.oracle import OracleSelection
+from workers.fusion.oracle import ORACLE_WEIGHTINGS, OracleSelection
 from workers.fusion.registry import make_fusion_modes
 from workers.vllm.engine_config import set_cpu_env
 from workers.vllm.settings import VLLMSettings
@@ -33,8 +35,8 @@ from workers.vllm.settings import VLLMSettings
 
 def _runs(ratios: list[float], oracle_ratio: float) -> list[tuple[str, str, float]]:
     """(system name, engine mode, ratio) in the order they run."""
-    blended = [(f"cacheblend@{ratio:g}", "cacheblend", ratio) for ratio in ratios]
-    oracle = [(f"oracle_{name}@{oracle_ratio:g}", f"oracle_{name}", oracle_ratio) for name in ("tokens", "spans16")]
+    blended = [(f"{mode}@{ratio:g}", mode, ratio) for mode in ("cacheblend", "query_driven") for ratio in ratios]
+    oracle = [(f"oracle_{name}@{oracle_ratio:g}", f"oracle_{name}", oracle_ratio) for name in ORACLE_WEIGHTINGS]
     return blended + oracle
 
 
@@ -59,9 +61,8 @@ def main() -> None:
     set_cpu_env(scratch)  # before vllm is imported
     plain = PlainVLLM(model, 8192, dtype)
     options = FusionOptions()
-    modes = {**make_fusion_modes(options),
-             "oracle_tokens": OracleSelection(replace(options, selection_span_tokens=1)),
-             "oracle_spans16": OracleSelection(replace(options, selection_span_tokens=16))}
+    single = replace(options, selection_span_tokens=1)
+    modes = {**make_fusion_modes(options), **{f"oracle_{w}": OracleSelection(single, w) for w in ORACLE_WEIGHTINGS}}
     settings = VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES)
     engine = VLLMEngine.start(model, scratch, settings, dtype, lambda runner: Fuser(runner, options, modes=modes))
     stop = list(engine.stop_token_ids)
