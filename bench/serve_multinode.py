@@ -66,7 +66,9 @@ def tier_shares(outcomes: Sequence[Outcome], chunk_tokens: dict[str, int]) -> di
         if outcome.ok and outcome.blend:
             reused.update(outcome.blend.get("reused_tokens", {}))
             total += chunk_tokens[outcome.request_id]
-    shares = {tier: round(reused[tier] / total, 4) if total else 0.0 for tier in ("device", "ram", "ssd", "remote", "object")}
+    # Every label the workers report is kept ("shard" is a shard read whose tier the engine did not label).
+    tiers = dict.fromkeys(("device", "ram", "ssd", "remote", "object", *sorted(reused)))
+    shares = {tier: round(reused[tier] / total, 4) if total else 0.0 for tier in tiers}
     shares["miss"] = round(max(0.0, 1 - sum(shares.values())), 4)
     return shares
 
