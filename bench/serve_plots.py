@@ -155,7 +155,7 @@ def tables(replay: dict[str, Any], reuse: dict[str, Any], multinode: dict[str, A
     if {"blendserve", "vllm"} <= points.keys():
         lines += ["| p95 budget (plain vLLM's p95 at a load point) | plain vLLM req/s | blendserve req/s | ratio |",
                   "|---|---|---|---|"]
-        for _, p95 in sorted(points["vllm"]):
+        for p95 in sorted({p95 for _, p95 in points["vllm"]}):
             theirs, ours = throughput_at_p95(points["vllm"], p95), throughput_at_p95(points["blendserve"], p95)
             lines.append(f"| {p95:.3f} s | {theirs:.3f} | {ours:.3f} | {ours / theirs if theirs else 0:.2f} |")
         lines.append("")
