@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from workers.vllm import handoff
-from workers.vllm.blocks import injectable_tokens, slot_mapping
+from workers.vllm.blocks import injectable_tokens, slot_mapping, written_range
 from workers.vllm.paged_attention import query_runs
 from workers.vllm.params import PARAMS_KEY, ContextKVParams
 
@@ -28,6 +28,17 @@ def test_slot_mapping_follows_the_block_table() -> None:
     assert slots.tolist() == [7 * 4 + 3, 2 * 4 + 0, 2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 9 * 4 + 0]
     with pytest.raises(ValueError):
         slot_mapping([1], 0, 5, 4)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "skipped", "expected"),
+    [(0, 1000, 0, (0, 1000)), (0, 1000, 3, (384, 1000)), (500, 1000, 3, (500, 1000)), (0, 300, 3, (300, 300))],
+)
+def test_only_positions_with_real_blocks_are_written(
+    start: int, end: int, skipped: int, expected: tuple[int, int]
+) -> None:
+    """A sliding-window group's first `skipped` blocks are vLLM's null block: nothing is written there."""
+    assert written_range(start, end, skipped, 128) == expected
 
 
 def test_params_round_trip_through_kv_transfer_params() -> None:
