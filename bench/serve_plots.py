@@ -98,24 +98,24 @@ def reuse_over_time(result: dict[str, Any], multinode: dict[str, Any] | None, ou
 
 
 def hit_rate_vs_nodes(simulation: dict[str, Any], multinode: dict[str, Any], out: Path) -> None:
-    """Device + local-shard hit rate vs nodes: simulated lines, measured points."""
+    """Device-tier hit rate vs nodes (the tier measured runs label exactly): projected lines, measured points."""
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for policy, label in POLICY_LABELS.items():
         rows = [r for r in simulation["by_nodes"] if r["policy"] == policy]
-        line = left.plot([r["nodes"] for r in rows], [r["local_hit_rate"] for r in rows], marker=".", label=label)
+        line = left.plot([r["nodes"] for r in rows], [r["device_hit_rate"] for r in rows], marker=".", label=label)
         measured = [r for r in multinode["runs"] if r["policy"] == policy]
-        left.scatter([r["nodes"] for r in measured], [r["local_hit_rate"] for r in measured], marker="x", s=60,
+        left.scatter([r["nodes"] for r in measured], [r["hit_rate"]["device"] for r in measured], marker="x", s=60,
                      color=line[0].get_color())
         right.plot([r["nodes"] for r in rows], [r["ttft_p95_s"] for r in rows], marker=".", label=label,
                    color=line[0].get_color())
         right.scatter([r["nodes"] for r in measured], [r["ttft_s"]["p95"] for r in measured], marker="x", s=60,
                       color=line[0].get_color())
         checks = [c for c in simulation["check"] if c["policy"] == policy]
-        for axis, figure_of in ((left, "local_hit_rate"), (right, "ttft_p95_s")):
+        for axis, figure_of in ((left, "device_hit_rate"), (right, "ttft_p95_s")):
             axis.scatter([c["nodes"] for c in checks], [c["simulated"][figure_of] for c in checks], marker="o", s=50,
                          facecolors="none", edgecolors=line[0].get_color())
     machine = f"{simulation['machine']['hardware']}, {simulation['machine']['dtype']}"
-    for axis, ylabel, title in ((left, "hit rate, device + local shard", f"projected (lines), measured (x), simulated on the measured arrivals (o)\n{machine}"),
+    for axis, ylabel, title in ((left, "hit rate of the device tier", f"projected (lines), measured (x), simulated on the measured arrivals (o)\n{machine}"),
                                 (right, "p95 TTFT (s)", "the same runs: p95 TTFT")):
         axis.set_xscale("log", base=2)
         _decorate(axis, "nodes (one worker and one shard each)", ylabel, title)
@@ -160,12 +160,13 @@ def tables(replay: dict[str, Any], reuse: dict[str, Any], multinode: dict[str, A
             lines.append(f"| {p95:.3f} s | {theirs:.3f} | {ours:.3f} | {ours / theirs if theirs else 0:.2f} |")
         lines.append("")
     if multinode:
-        lines += ["| nodes | policy | hit device | ram (local shard) | remote | object | miss | device+local | "
-                  "remote MB | TTFT p50 | TTFT p95 | req/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| nodes | policy | device | shard (local or remote) | object | miss | device + shard | "
+                  "TTFT p50 | TTFT p95 | req/s |", "|---|---|---|---|---|---|---|---|---|---|"]
         for run in sorted(multinode["runs"], key=lambda r: (r["nodes"], r["policy"])):
             h = run["hit_rate"]
-            lines.append(f"| {run['nodes']} | {run['policy']} | {h['device']} | {h['ram'] + h['ssd']:.4f} | {h['remote']} | "
-                         f"{h['object']} | {h['miss']} | {run['local_hit_rate']} | {run['remote_bytes'] / 1e6:.1f} | "
+            shard = h["ram"] + h["ssd"] + h.get("shard", 0.0) + h["remote"]
+            lines.append(f"| {run['nodes']} | {run['policy']} | {h['device']} | {shard:.4f} | {h['object']} | "
+                         f"{h['miss']} | {h['device'] + shard:.4f} | "
                          f"{_fmt(run['ttft_s'].get('p50'))} | {_fmt(run['ttft_s'].get('p95'))} | {run['throughput_req_s']} |")
     return "\n".join(lines)
 
