@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--engine", choices=ENGINE_KINDS, default="vllm")
+    parser.add_argument("--model", type=Path, help="a checkpoint directory (default: the default model)")
     parser.add_argument("--modes", default=DEFAULT_MODES)
     parser.add_argument("--ratios", default=DEFAULT_RATIOS)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -94,7 +95,7 @@ def main() -> None:
     todo = [(record, [run for run in runs if (record.id, run.label) not in done]) for record in records]
     todo = [(record, missing) for record, missing in todo if missing]
     if todo and not args.summarise_only:
-        access = load_eval_engine(args.engine, dtype=args.dtype, options=FusionOptions())
+        access = load_eval_engine(args.engine, model=args.model, dtype=args.dtype, options=FusionOptions())
         args.rows.parent.mkdir(parents=True, exist_ok=True)
         with args.rows.open("a") as handle:
             for index, (record, missing) in enumerate(todo):
@@ -112,11 +113,12 @@ def main() -> None:
         from workers.default_model import prepare_default_model
         from workers.dtype import resolve_dtype
 
-        dtype = resolve_dtype(args.dtype, prepare_default_model(), on_gpu=False)
+        dtype = resolve_dtype(args.dtype, args.model or prepare_default_model(), on_gpu=False)
     wanted = {r.id for r in records}
     rows = [row for row in read_rows(args.rows) if row.record in wanted]
     summary = summarise(rows, runs)
-    result = {**measured_on(dtype), "engine": args.engine, "data": str(args.data),
+    result = {**measured_on(dtype), "engine": args.engine, "model": str(args.model or "default"),
+              "data": str(args.data),
               "records": len({row.record for row in rows}), "offset": args.offset,
               "max_new_tokens": args.max_new_tokens, "modes": summary}
     args.out.parent.mkdir(parents=True, exist_ok=True)
