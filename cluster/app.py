@@ -82,6 +82,15 @@ class Ingress:
         ready = await self.gateway.ready()
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
+    def drain(self) -> int:
+        """Refuse new requests from now on (503 + Retry-After); returns how many are still in flight."""
+        self.edge.draining = True
+        return self.in_flight()
+
+    def in_flight(self) -> int:
+        """Requests admitted by this replica and not finished (streams included)."""
+        return self.edge.quota.total_in_flight()
+
     @api.get("/metrics")
     async def metrics(self, request: Request) -> Response:
         try:

@@ -5,8 +5,7 @@ from typing import Protocol
 from ray.serve.handle import DeploymentHandle
 
 from kvplane.location_index import launch_location_index
-from kvplane.namespace import named_actors
-from kvplane.shard import SHARD_NAME_PREFIX
+from kvplane.health import shard_health
 from scheduler.membership import Member, launch_membership
 from workers.engine_base import StoredChunk
 from workers.worker import Event, Job
@@ -54,9 +53,9 @@ class RayClusterView:
 
     async def shard_evictions(self) -> dict[tuple[str, str], int]:
         evictions = {}
-        for name, shard in named_actors(SHARD_NAME_PREFIX).items():
-            stats = await shard.stats.remote()
-            evictions.update({(name, tier): s.evictions for tier, s in stats.tiers.items()})
+        for name, health in (await shard_health()).items():  # a hung shard times out: left out, not waited for
+            evictions.update({(name, tier): int(events["evictions"]) for tier, events in health.events.items()
+                              if "evictions" in events})
         return evictions
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import fsspec
 
+from kvplane.fs_tier import DEFAULT_TIMEOUT_S
 from kvplane.policy import POLICIES
 from kvplane.tier_spec import TierSpec
 from kvplane.checks import check, check_count, check_non_negative, check_positive
@@ -106,6 +107,7 @@ class TierConfig:
     capacity_bytes: int
     policy: str = "tinylfu"
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S  # per call to a remote backend (connect, each read); then it is skipped
 
     def __post_init__(self) -> None:
         check(self.name in TIER_ROLES, "name", f"one of {list(TIER_ROLES)} (the tier's role)", self.name)
@@ -116,11 +118,13 @@ class TierConfig:
         check(scheme in allowed, "url", f"a {' or '.join(sorted(allowed)[:4])}... URL for the {self.name} tier", self.url)
         check_count("capacity_bytes", self.capacity_bytes, 0)
         check(self.policy in POLICIES, "policy", f"one of {sorted(POLICIES)}", self.policy)
+        check_positive("timeout_s", self.timeout_s)
         object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
 
     def to_spec(self) -> TierSpec:
         """The kvplane spec that opens this tier."""
-        return TierSpec(self.name, self.url, self.capacity_bytes, self.policy, dict(self.storage_options))
+        options = dict(self.storage_options)
+        return TierSpec(self.name, self.url, self.capacity_bytes, self.policy, options, self.timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +160,7 @@ class ServerConfig:
     metrics_require_key: bool = True  # with keys, GET /metrics needs one too
     max_ongoing_requests: int = 256  # at the ingress; admission and the tenant quota bound the real work
     body_timeout_s: float = 30.0  # a request body slower than this gets 408 and frees its slot
+    drain_timeout_s: float = 60.0  # on SIGTERM: how long requests in flight may take to finish
     max_requests_in_flight_per_tenant: int = 32
     # Share of each cache tier one tenant may fill while other tenants hold entries there (1.0: no bound).
     tenant_cache_share: float = 0.5
@@ -171,6 +176,7 @@ class ServerConfig:
             check(value is None or bool(value.strip()), name, "a non-empty string or null", value)
         check_count("max_ongoing_requests", self.max_ongoing_requests, 1)
         check_positive("body_timeout_s", self.body_timeout_s)
+        check_positive("drain_timeout_s", self.drain_timeout_s)
         check_count("max_requests_in_flight_per_tenant", self.max_requests_in_flight_per_tenant, 1)
         check(0.0 < self.tenant_cache_share <= 1.0, "tenant_cache_share", "in (0, 1]", self.tenant_cache_share)
 

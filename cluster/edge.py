@@ -10,6 +10,8 @@ from cluster.config import ServeConfig
 from cluster.config_schema import LimitsConfig, ServerConfig
 from cluster.tenancy import TenantQuota, tenant_of
 
+DRAINING_RETRY_AFTER_S = 2
+
 
 class Edge:
     """Per ingress replica: authentication first, before a byte of the body is read, then the tenant's quota."""
@@ -19,6 +21,7 @@ class Edge:
         self._limits = limits
         self._keys = keys
         self.quota = TenantQuota(server.max_requests_in_flight_per_tenant)
+        self.draining = False  # set when the server is told to stop: new requests go elsewhere
 
     @classmethod
     def from_config(cls, config: ServeConfig) -> "Edge":
@@ -32,6 +35,9 @@ class Edge:
 
     async def enter(self, request: Request) -> tuple[str, bytes]:
         """The caller's tenant and the body, holding a quota slot (`leave` frees it); 4xx before any body read."""
+        if self.draining:
+            message = "the server is shutting down; retry (another replica or instance takes the request)"
+            raise ApiError(503, message, None, "service_unavailable", {"Retry-After": str(DRAINING_RETRY_AFTER_S)})
         tenant = tenant_of(request.headers, self._server, self._keys)
         check_json_content_type(request.headers)
         self.quota.acquire(tenant)

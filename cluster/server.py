@@ -2,6 +2,7 @@
 import logging
 import signal
 import threading
+import time
 
 import ray
 from ray import serve
@@ -12,6 +13,7 @@ from cluster.config import ServeConfig, config_to_dict
 
 APP_NAME = "blendserve"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DRAIN_POLL_S = 0.5
 
 _log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ def run_server(config: ServeConfig, blocking: bool = True) -> None:
     serve.run(build_app(config_to_dict(config)), name=APP_NAME, route_prefix="/", blocking=False)
     if blocking:
         wait_for_stop_signal()
-        drain()
+        drain(config.server.drain_timeout_s)
 
 
 def wait_for_stop_signal() -> int:
@@ -51,8 +53,18 @@ def wait_for_stop_signal() -> int:
     return received[0]
 
 
-def drain() -> None:
-    """Stop Serve gracefully (replicas finish the requests they hold, up to their shutdown timeout), then Ray."""
+def drain(timeout_s: float) -> None:
+    """Refuse new requests, let those in flight finish (up to `timeout_s`), then stop Serve and Ray."""
+    # Serve's own shutdown does not wait for a response still streaming through its proxy: the ingress
+    # counts its requests in flight, and Serve stops only once they are done.
+    ingress = serve.get_app_handle(APP_NAME)
+    in_flight = ingress.drain.remote().result()
+    deadline_s = time.monotonic() + timeout_s
+    while in_flight and time.monotonic() < deadline_s:
+        time.sleep(DRAIN_POLL_S)
+        in_flight = ingress.in_flight.remote().result()
+    if in_flight:
+        _log.warning("blendserve: %d requests still in flight after %.0f s; stopping anyway", in_flight, timeout_s)
     serve.shutdown()
     ray.shutdown()
     _log.info("blendserve: drained and stopped")

@@ -58,3 +58,7 @@ class TenantQuota:
     def in_flight(self, tenant: str) -> int:
         """Requests of `tenant` now in flight."""
         return self._in_flight.get(tenant, 0)
+
+    def total_in_flight(self) -> int:
+        """Requests of every tenant now in flight."""
+        return sum(self._in_flight.values())

@@ -11,6 +11,7 @@ import torch
 from cluster.config import ServeConfig
 from kvplane.health import tier_events
 from kvplane.index_reporter import IndexReporter
+from kvplane.index_watch import IndexWatch
 from kvplane.location_index import launch_location_index
 from kvplane.shard import ShardConfig, ensure_local_shard
 from kvplane.shard_directory import ShardDirectory
@@ -32,6 +33,7 @@ from workers.prompt import PromptTemplate
 from workers.worker import Worker
 
 HEARTBEAT_INTERVAL_S = 1.0
+DEVICE_ONLY = frozenset({"device"})  # a worker reports its own memory's placements; shards report theirs
 SHARD_REFRESH_EVERY = 10  # heartbeats between re-reading which node shards exist
 
 _log = logging.getLogger(__name__)
@@ -53,16 +55,18 @@ def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tup
         ensure_local_shard(shard, index)
         # The heartbeat's refresh starts this node's shard again should it be killed for good.
         directory = ShardDirectory.discover(index, keep_local=shard)
+    # Sent at once: the router should see a chunk in this worker before the answer reaches the client.
+    reporter = IndexReporter(index, worker_id, tiers=DEVICE_ONLY, interval_s=0.0)
     store = open_worker_store(
         device_capacity_bytes=0 if device is None else device.capacity_bytes,
         directory=directory,
         object_store=None if shared is None else shared.to_spec(),
         policy="tinylfu" if device is None else device.policy,
-        # Sent at once: the router should see a chunk in this worker before the answer reaches the client.
-        listener=IndexReporter(index, worker_id, tiers=frozenset({"device"}), interval_s=0.0),
+        listener=reporter,
         local_node_id=node_id,
         tenant_share=config.server.tenant_cache_share,
     )
+    IndexWatch(index, store, reporter, tiers=DEVICE_ONLY).start()  # refills the index should it restart empty
     return store, directory
 
 

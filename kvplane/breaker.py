@@ -23,9 +23,10 @@ class Breaker:
         self._lock = threading.Lock()
 
     @property
-    def is_open(self) -> bool:
-        """Whether calls are being skipped now."""
-        return not self.allows()
+    def tripped(self) -> bool:
+        """Whether the last call failed (the tier is down as far as anyone knows, skipped or being probed)."""
+        with self._lock:
+            return self._backoff_s > 0
 
     def allows(self) -> bool:
         """Whether a call may go ahead now."""

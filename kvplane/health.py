@@ -8,7 +8,7 @@ from kvplane.shard import SHARD_NAME_PREFIX
 from kvplane.stats import StoreStats
 
 TIER_EVENTS = ("corruptions", "errors", "skipped", "vanished", "rejections", "evictions")
-HEALTH_TIMEOUT_S = 2.0
+HEALTH_TIMEOUT_S = 1.0  # per scrape: a hung shard or index delays /metrics by this, not forever
 
 
 def tier_events(stats: StoreStats) -> dict[str, dict[str, float]]:

@@ -41,8 +41,8 @@ class Level:
 
     @property
     def is_down(self) -> bool:
-        """Whether reads or writes of this tier are being skipped after failures."""
-        return self._reads.is_open or self._writes.is_open
+        """Whether the last read or write of this tier failed (it is skipped until its backoff ends)."""
+        return self._reads.tripped or self._writes.tripped
 
     def place(self, key: str, blob: torch.Tensor, priority: float) -> tuple[bool, list[str]]:
         """Offer `blob` through the policy: whether the tier holds it now, and the keys it evicted."""

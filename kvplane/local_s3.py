@@ -27,12 +27,18 @@ def create_bucket(endpoint_url: str, bucket: str) -> None:
 class LocalS3:
     """`with LocalS3() as endpoint_url:` runs `moto_server -H 127.0.0.1 -p PORT` for the block's duration."""
 
-    def __init__(self, startup_timeout_s: float = 30.0) -> None:
+    def __init__(self, startup_timeout_s: float = 30.0, port: int | None = None) -> None:
         self._startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
+        self.port = port  # a given port lets a test bring an endpoint back where clients expect it
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (tests stop, continue and kill it)."""
+        return None if self._process is None else self._process.pid
 
     def __enter__(self) -> str:
-        port = _free_port()
+        port = self.port = self.port or _free_port()
         self._process = subprocess.Popen(
             [_moto_server(), "-H", "127.0.0.1", "-p", str(port)],
             stdout=subprocess.DEVNULL,

@@ -1,6 +1,7 @@
 """Which holder (a worker or a node shard) keeps which chunk keys in which tier; the scheduler reads it."""
 import logging
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class LocationIndex:
         self._copies: dict[str, dict[tuple[str, str], int]] = {}
         self._keys_by_holder: dict[str, set[str]] = defaultdict(set)
         self._started_s = time.monotonic()
+        self._epoch = uuid.uuid4().hex  # new at every start: holders that see it change report everything again
         self._restarted = was_restarted()
         if self._restarted:
             _log.warning("kvplane: the location index restarted empty; placements refill it as they happen")
@@ -80,6 +82,10 @@ class LocationIndex:
     def holders(self) -> list[str]:
         """Holders with at least one key."""
         return [holder for holder, keys in self._keys_by_holder.items() if keys]
+
+    def epoch(self) -> str:
+        """An id of this start of the index."""
+        return self._epoch
 
     def describe(self) -> dict[str, float]:
         """Whether Ray restarted it (it comes back empty), its uptime, and how many keys it knows."""

@@ -21,6 +21,8 @@ def named_actors(prefix: str) -> dict[str, ActorHandle]:
 
 def was_restarted() -> bool:
     """Whether this process is a Ray actor that Ray brought back after it died (False outside an actor)."""
+    if not ray.is_initialized():  # asking the runtime context would start a Ray
+        return False
     try:
         with warnings.catch_warnings():  # Ray's own property reads a deprecated one of its own
             warnings.simplefilter("ignore", DeprecationWarning)

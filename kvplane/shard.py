@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvplane.buffers import owned_blob
 from kvplane.index_reporter import IndexReporter
+from kvplane.index_watch import IndexWatch
 from kvplane.namespace import RAY_NAMESPACE, was_restarted
 from kvplane.node_identity import NodeSlot, claim_slot
 from kvplane.stats import StoreStats
@@ -81,6 +82,8 @@ class ShardServer:
         specs = config.tier_specs(self.identity)
         self._store = TieredStore.from_specs(specs, config.write_back_threads, self._reporter, config.tenant_share)
         self.recovered = self._store.recover(0.0 if self._slot is not None else STALE_TEMPORARY_S)
+        # An index that restarts comes back empty; the shard's entries are most of what it should know.
+        self._watch = None if index is None else IndexWatch(index, self._store, self._reporter).start()
         self.restarted = was_restarted()
         self._started_s = time.monotonic()
         how = "restarted" if self.restarted else "started"

@@ -177,6 +177,13 @@ class TieredStore:
                     seen.add(key)
                     yield key, nbytes
 
+    def placements(self, tiers: frozenset[str] | None = None) -> Iterator[tuple[str, str, int]]:
+        """(tier, key, bytes) of every entry held, in the tiers named (all when None)."""
+        for level in self._levels:
+            if tiers is None or level.name in tiers:
+                for key, nbytes in level.scan(""):
+                    yield level.name, key, nbytes
+
     def delete(self, key: str) -> None:
         """Remove `key` from every tier (after pending background writes, so none re-adds it)."""
         self._writer.flush()

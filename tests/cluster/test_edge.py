@@ -113,3 +113,12 @@ def test_models_and_metrics_need_a_key_when_keys_exist() -> None:
     gate.check_key({"authorization": f"Bearer {KEY}"})
     edge({KEY: "acme"}, metrics_require_key=False).check_key({}, metrics=True)
     edge().check_key({})
+
+
+def test_a_draining_edge_refuses_new_requests_with_503_and_counts_those_in_flight() -> None:
+    gate = edge()
+    enter(gate, JSON, Channel([BODY]))
+    gate.draining = True
+    error = refusal(gate, JSON, Channel([BODY]))
+    assert error.status_code == 503 and error.headers["Retry-After"] == "2" and "shutting down" in error.message
+    assert gate.quota.total_in_flight() == 1

@@ -227,6 +227,18 @@ def test_a_slow_body_gets_408_and_the_server_stays_healthy(server: str) -> None:
     assert httpx.get(f"{server}/healthz").status_code == 200
 
 
+def test_a_chunked_body_over_the_limit_is_cut_off_as_it_arrives(server: str) -> None:
+    def parts() -> Iterator[bytes]:  # no Content-Length: the size is only known as the body arrives
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(100):
+            yield b"x" * 1000
+        yield b'"}]}'
+
+    response = httpx.post(f"{server}{CHAT}", content=parts(), headers=JSON, timeout=60)
+    assert response.status_code == 413 and "exceed the limit of 65536 bytes" in response.json()["error"]["message"]
+    assert httpx.get(f"{server}/healthz").status_code == 200
+
+
 def test_the_server_answers_good_requests_after_the_hostile_ones(server: str) -> None:
     assert send(server, CHAT, chat_body(), {}, timeout_s=120).json()["usage"]["completion_tokens"] >= 1
     counted = send(server, COMPLETIONS, count_request(0, 4), {}, timeout_s=120).json()["choices"][0]["text"]

@@ -136,3 +136,15 @@ def test_a_node_that_ray_starts_again_finds_its_ssd_entries(
     assert describe(shards[shard_name(new_node)])["identity"] == old_identity
     wait_for(lambda: old_name not in ShardDirectory.discover().live(), "the old node's shard left the registry")
     assert set(readable(mine)) == {"ssd"}
+
+
+def test_the_shards_refill_a_location_index_that_restarted_empty(entries: list[KVEntry], index: ActorHandle) -> None:
+    keys = [entry.key for entry in entries]
+
+    def holders() -> set[str]:
+        return {loc.holder for locs in ray.get(index.lookup.remote(keys), timeout=10).values() for loc in locs}
+
+    wait_for(holders, "placements in the index")
+    ray.kill(index, no_restart=False)
+    assert wait_for(lambda: ray.get(index.describe.remote(), timeout=5)["restarted"], "the index restarted")
+    assert wait_for(lambda: {h for h in holders() if h.startswith("kvshard-")}, "the shards re-reported")
