@@ -48,6 +48,7 @@ serve: setup
 test: setup $(GEMMA3_STAMP)
 	$(BIN)/blendserve prepare-model --model smollm2-135m
 	$(BIN)/blendserve prepare-model --model gemma3-270m
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-all: PYTEST_ARGS =

@@ -24,20 +24,20 @@ from kvplane.store import TieredStore  # noqa: E402
 from kvplane.tier import Tier  # noqa: E402
 from kvplane.tier_spec import TierSpec, open_tier  # noqa: E402
 from workers.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
-from workers.loading_controller import LoadingController  # noqa: E402
 from workers.default_model import prepare_default_model  # noqa: E402
 from workers.delay_model import RecomputeDelayModel, calibrate_runner  # noqa: E402
 from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype  # noqa: E402
 from workers.engine_base import BlendRequest  # noqa: E402
-from workers.torch_engine import TorchEngine  # noqa: E402
 from workers.evaluation.dataset import QARecord, load_records  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
 from workers.fusion.base import FusionOptions  # noqa: E402
 from workers.fusion.layer_feed import EagerLoader, PipelinedLoader  # noqa: E402
 from workers.kvplane_store import KVPlaneChunkStore  # noqa: E402
 from workers.load_plan import ControllerOptions  # noqa: E402
+from workers.loading_controller import LoadingController  # noqa: E402
 from workers.runner import ModelRunner  # noqa: E402
 from workers.sampling import SamplingParams  # noqa: E402
+from workers.torch_engine import TorchEngine  # noqa: E402
 
 TIERS = ("ram", "ssd", "s3", "s3_jitter")
 # Not in the default run: a jittery remote shard (RAM behind a congested network) above a steady S3, both

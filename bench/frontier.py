@@ -127,14 +127,19 @@ def main() -> None:
         title = (f"{args.data.name}, {result['records']} records, {args.engine} engine, "
                  f"{result['dtype']} ({result['hardware']})")
         plot(summary, modes, title, args.plot)
-    print("| run | agreement F1 [95% CI] | exact match | first-token agree | TF KL [95% CI] | TTFT median (s) | recomputed |")
+    print(
+        "| run | agreement F1 [95% CI] | exact match | first-token agree | TF KL [95% CI] | TTFT median (s) "
+        "| recomputed |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label, row in summary.items():
         low, high = row["agreement_f1_ci95"]
         kl_low, kl_high = row.get("tf_kl_ci95", (0.0, 0.0))
-        print(f"| {label} | {row['agreement_f1']:.3f} [{low:.3f}, {high:.3f}] | {row['exact_match']:.2f} | "
-              f"{row['first_token_agreement']:.2f} | {row.get('tf_kl', 0.0):.4f} [{kl_low:.4f}, {kl_high:.4f}] | "
-              f"{row['ttft_s_median']:.3f} | {row['recomputed_fraction']:.3f} |")
+        print(
+            f"| {label} | {row['agreement_f1']:.3f} [{low:.3f}, {high:.3f}] | {row['exact_match']:.2f} | "
+            f"{row['first_token_agreement']:.2f} | {row.get('tf_kl', 0.0):.4f} [{kl_low:.4f}, {kl_high:.4f}] | "
+            f"{row['ttft_s_median']:.3f} | {row['recomputed_fraction']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ from workers.checkpoint import load_checkpoint
 from workers.chunk_store import LocalChunkStore
 from workers.default_model import prepare_default_model
 from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
-from workers.torch_engine import TorchEngine
 from workers.evaluation.dataset import load_records
 from workers.evaluation.divergence import first_token_kl
 from workers.fusion.base import FusionOptions
 from workers.fusion.deviation import DEVIATION_METRICS, kv_deviation
 from workers.kv_cache import KVCache
+from workers.torch_engine import TorchEngine
 
 CHECK_LAYER = 1
 
@@ -34,8 +34,13 @@ def main() -> None:
     checkpoint = load_checkpoint(model, torch_dtype(resolve_dtype(args.dtype, model, on_gpu=False)))
     stores = {context: LocalChunkStore() for context in ("alone", "prefix")}  # chunk KV does not depend on the metric
     engines = {
-        (context, metric): TorchEngine.from_checkpoint(  # options as docs/quality.md was measured: single tokens, gradual filtering
-            checkpoint, FusionOptions(deviation_metric=metric, selection_span_tokens=1).with_gradual_filtering(), store,
+        (
+            context,
+            metric,
+        ): TorchEngine.from_checkpoint(  # options as docs/quality.md was measured: single tokens, gradual filtering
+            checkpoint,
+            FusionOptions(deviation_metric=metric, selection_span_tokens=1).with_gradual_filtering(),
+            store,
             chunk_context=context,
         )
         for context, store in stores.items()
@@ -45,7 +50,13 @@ def main() -> None:
     for record in load_records(args.data, args.limit):
         measure_record(engines, record.documents, record.question, args.ratio, rows)
     summary = {label: {k: statistics.fmean(v) for k, v in cols.items()} for label, cols in rows.items()}
-    result = {**measured_on(checkpoint.weights.embed.dtype), "data": str(args.data), "records": args.limit, "ratio": args.ratio, "results": summary}
+    result = {
+        **measured_on(checkpoint.weights.embed.dtype),
+        "data": str(args.data),
+        "records": args.limit,
+        "ratio": args.ratio,
+        "results": summary,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -63,8 +74,15 @@ def measure_record(engines: dict, documents: list[str], question: str, ratio: fl
         engine.fuser.precompute(prompt)
         reuse = engine.fuser.fuse(prompt, "full_reuse", 0.0)
         reuse_cache, layout = reuse.cache, reuse.layout
-        add(rows.setdefault(f"{context}/full_reuse", {}), reuse_cache, reuse.prefill.last_hidden, full_cache,
-            full_logprobs, engine, num_context)
+        add(
+            rows.setdefault(f"{context}/full_reuse", {}),
+            reuse_cache,
+            reuse.prefill.last_hidden,
+            full_cache,
+            full_logprobs,
+            engine,
+            num_context,
+        )
         for metric in DEVIATION_METRICS:
             engine = engines[(context, metric)]
             engine.fuser.precompute(prompt)
@@ -74,8 +92,15 @@ def measure_record(engines: dict, documents: list[str], question: str, ratio: fl
             add(row, blended.cache, blended.prefill.last_hidden, full_cache, full_logprobs, engine, num_context)
 
 
-def add(row: dict, cache: KVCache, last_hidden: torch.Tensor, full_cache: KVCache, full_logprobs: torch.Tensor,
-        engine: TorchEngine, num_context: int) -> None:
+def add(
+    row: dict,
+    cache: KVCache,
+    last_hidden: torch.Tensor,
+    full_cache: KVCache,
+    full_logprobs: torch.Tensor,
+    engine: TorchEngine,
+    num_context: int,
+) -> None:
     """Append first-token KL and mean squared KV error over the context, both against full prefill."""
     logprobs = engine.fuser.runner.logits(last_hidden[None])[0].log_softmax(-1)
     row.setdefault("first_token_kl", []).append(first_token_kl(full_logprobs, logprobs))

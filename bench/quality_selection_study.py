@@ -62,17 +62,36 @@ def main() -> None:
     options = FusionOptions()
     config, _ = load_model_card(prepare_default_model())
     extra = variants(options, config.num_layers, not args.no_oracles)
-    access = load_eval_engine(args.engine, dtype=args.dtype, options=options, modes={**make_fusion_modes(options), **extra})
-    runs = [EvalRun(REFERENCE_MODE, REFERENCE_MODE, 1.0), EvalRun("full_reuse", "full_reuse", 0.0),
-            EvalRun("cacheblend", "cacheblend", args.ratio)]
+    access = load_eval_engine(
+        args.engine, dtype=args.dtype, options=options, modes={**make_fusion_modes(options), **extra}
+    )
+    runs = [
+        EvalRun(REFERENCE_MODE, REFERENCE_MODE, 1.0),
+        EvalRun("full_reuse", "full_reuse", 0.0),
+        EvalRun("cacheblend", "cacheblend", args.ratio),
+    ]
     runs += [EvalRun(name, name, args.ratio) for name in extra]
     records = load_records(args.data, args.limit, args.offset)
-    scores, _ = evaluate(access, records, runs, args.max_new_tokens, True,
-                         lambda i, rows: print(f"record {i + 1}: " + " ".join(
-                             f"{r.label} {r.tf_kl:.3f}" for r in rows if r.tf_kl is not None), flush=True))
+    scores, _ = evaluate(
+        access,
+        records,
+        runs,
+        args.max_new_tokens,
+        True,
+        lambda i, rows: print(
+            f"record {i + 1}: " + " ".join(f"{r.label} {r.tf_kl:.3f}" for r in rows if r.tf_kl is not None), flush=True
+        ),
+    )
     summary = summarise(scores, runs)
-    result = {**measured_on(access.engine.dtype), "engine": args.engine, "data": str(args.data),
-              "records": len(records), "ratio": args.ratio, "max_new_tokens": args.max_new_tokens, "modes": summary}
+    result = {
+        **measured_on(access.engine.dtype),
+        "engine": args.engine,
+        "data": str(args.data),
+        "records": len(records),
+        "ratio": args.ratio,
+        "max_new_tokens": args.max_new_tokens,
+        "modes": summary,
+    }
     access.engine.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

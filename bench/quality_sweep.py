@@ -32,10 +32,18 @@ def main() -> None:
     runs = [EvalRun("full_prefill", "full_prefill", 1.0)]
     runs += [EvalRun(f"{m}@{r}", m, r) for m in modes for r in ratios]
     # as docs/quality.md was measured: single tokens, gradual filtering
-    engine = load_torch_engine(dtype=args.dtype, options=FusionOptions(selection_span_tokens=1).with_gradual_filtering())
+    engine = load_torch_engine(
+        dtype=args.dtype, options=FusionOptions(selection_span_tokens=1).with_gradual_filtering()
+    )
     records = load_records(args.data, args.limit)
     summaries, _ = evaluate(engine, records, runs)
-    result = {**measured_on(engine.dtype), "data": str(args.data), "records": len(records), "ratios": ratios, "runs": summaries}
+    result = {
+        **measured_on(engine.dtype),
+        "data": str(args.data),
+        "records": len(records),
+        "ratios": ratios,
+        "runs": summaries,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, modes, args.plot)

@@ -27,9 +27,9 @@ from cluster.bench_serve import LoadPoint, drive
 from cluster.bench_systems import free_port
 from cluster.bench_workload import WorkloadRequest, read_workload
 from scheduler.simulator_routers import ROUTING_POLICIES
-from workers.dtype import dtype_width_bytes, measured_on, resolve_dtype
-from workers.default_model import prepare_default_model
 from workers.checkpoint import load_model_card
+from workers.default_model import prepare_default_model
+from workers.dtype import dtype_width_bytes, measured_on, resolve_dtype
 
 MODEL = "SmolLM2-135M-Instruct"
 READY_TIMEOUT_S = 600

@@ -115,8 +115,14 @@ def hit_rate_vs_nodes(simulation: dict[str, Any], multinode: dict[str, Any], out
             axis.scatter([c["nodes"] for c in checks], [c["simulated"][figure_of] for c in checks], marker="o", s=50,
                          facecolors="none", edgecolors=line[0].get_color())
     machine = f"{simulation['machine']['hardware']}, {simulation['machine']['dtype']}"
-    for axis, ylabel, title in ((left, "hit rate of the device tier", f"projected (lines), measured (x), simulated on the measured arrivals (o)\n{machine}"),
-                                (right, "p95 TTFT (s)", "the same runs: p95 TTFT")):
+    for axis, ylabel, title in (
+        (
+            left,
+            "hit rate of the device tier",
+            f"projected (lines), measured (x), simulated on the measured arrivals (o)\n{machine}",
+        ),
+        (right, "p95 TTFT (s)", "the same runs: p95 TTFT"),
+    ):
         axis.set_xscale("log", base=2)
         _decorate(axis, "nodes (one worker and one shard each)", ylabel, title)
     _save(figure, out)
@@ -130,44 +136,68 @@ def tables(replay: dict[str, Any], reuse: dict[str, Any], multinode: dict[str, A
     """Markdown tables of the runs (what docs/benchmarks.md quotes)."""
     lines = []
     for title, result in (("replay", replay), ("2wiki reuse", reuse)):
-        lines += [f"### {title} ({_label(result)})", "",
-                  "| system | load | ok | TTFT p50 | TTFT p90 | TTFT p95 | ITL p50 | e2e p50 | req/s | reused | recomputed |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {title} ({_label(result)})",
+            "",
+            "| system | load | ok | TTFT p50 | TTFT p90 | TTFT p95 | ITL p50 | e2e p50 | req/s | reused | recomputed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for name, system in result["systems"].items():
             for point in system["points"]:
                 s, where = point["summary"], _load_label(point["load"])
                 lines.append(
                     f"| {name} | {where} | {s['num_ok']}/{s['num_requests']} | {_fmt(s['ttft_s'].get('p50'))} | "
-                    f"{_fmt(s['ttft_s'].get('p90'))} | {_fmt(s['ttft_s'].get('p95'))} | {_fmt(s['itl_s'].get('p50'), 4)} | "
+                    f"{_fmt(s['ttft_s'].get('p90'))} | {_fmt(s['ttft_s'].get('p95'))} | "
+                    f"{_fmt(s['itl_s'].get('p50'), 4)} | "
                     f"{_fmt(s['e2e_s'].get('p50'))} | {_fmt(s['throughput_req_s'])} | {s['reused_fraction']} | "
-                    f"{s['recompute_fraction']} |")
-        lines += ["", "| load | TTFT p50 ratio | TTFT p95 ratio | throughput ratio | agreement F1 | identical | gold F1 (ours / vLLM) |",
-                  "|---|---|---|---|---|---|---|"]
+                    f"{s['recompute_fraction']} |"
+                )
+        lines += [
+            "",
+            "| load | TTFT p50 ratio | TTFT p95 ratio | throughput ratio | agreement F1 | identical "
+            "| gold F1 (ours / vLLM) |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for row in result["comparison"]:
             where = _load_label(row)
             agree = row["agreement_with_vllm"]
-            lines.append(f"| {where} | {row['ttft_median_ratio']} | {row['ttft_p95_ratio']} | {row['throughput_ratio']} | "
-                         f"{agree.get('f1_mean')} | {agree.get('identical')} | {row['gold_f1']['blendserve']} / "
-                         f"{row['gold_f1']['vllm']} |")
+            lines.append(
+                f"| {where} | {row['ttft_median_ratio']} | {row['ttft_p95_ratio']} | {row['throughput_ratio']} | "
+                f"{agree.get('f1_mean')} | {agree.get('identical')} | {row['gold_f1']['blendserve']} / "
+                f"{row['gold_f1']['vllm']} |"
+            )
         lines.append("")
-    points = {name: [(p["summary"]["throughput_req_s"], p["summary"]["ttft_s"]["p95"]) for p in system["points"]
-                     if p["summary"]["ttft_s"].get("count")] for name, system in reuse["systems"].items()}
+    points = {
+        name: [
+            (p["summary"]["throughput_req_s"], p["summary"]["ttft_s"]["p95"])
+            for p in system["points"]
+            if p["summary"]["ttft_s"].get("count")
+        ]
+        for name, system in reuse["systems"].items()
+    }
     if {"blendserve", "vllm"} <= points.keys():
-        lines += ["| p95 budget (plain vLLM's p95 at a load point) | plain vLLM req/s | blendserve req/s | ratio |",
-                  "|---|---|---|---|"]
+        lines += [
+            "| p95 budget (plain vLLM's p95 at a load point) | plain vLLM req/s | blendserve req/s | ratio |",
+            "|---|---|---|---|",
+        ]
         for p95 in sorted({p95 for _, p95 in points["vllm"]}):
             theirs, ours = throughput_at_p95(points["vllm"], p95), throughput_at_p95(points["blendserve"], p95)
             lines.append(f"| {p95:.3f} s | {theirs:.3f} | {ours:.3f} | {ours / theirs if theirs else 0:.2f} |")
         lines.append("")
     if multinode:
-        lines += ["| nodes | policy | device | shard (local or remote) | object | miss | device + shard | "
-                  "TTFT p50 | TTFT p95 | req/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| nodes | policy | device | shard (local or remote) | object | miss | device + shard | "
+            "TTFT p50 | TTFT p95 | req/s |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for run in sorted(multinode["runs"], key=lambda r: (r["nodes"], r["policy"])):
             h = run["hit_rate"]
             shard = h["ram"] + h["ssd"] + h.get("shard", 0.0) + h["remote"]
-            lines.append(f"| {run['nodes']} | {run['policy']} | {h['device']} | {shard:.4f} | {h['object']} | "
-                         f"{h['miss']} | {h['device'] + shard:.4f} | "
-                         f"{_fmt(run['ttft_s'].get('p50'))} | {_fmt(run['ttft_s'].get('p95'))} | {run['throughput_req_s']} |")
+            lines.append(
+                f"| {run['nodes']} | {run['policy']} | {h['device']} | {shard:.4f} | {h['object']} | "
+                f"{h['miss']} | {h['device'] + shard:.4f} | "
+                f"{_fmt(run['ttft_s'].get('p50'))} | {_fmt(run['ttft_s'].get('p95'))} | {run['throughput_req_s']} |"
+            )
     return "\n".join(lines)
 
 
@@ -181,8 +211,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     replay, reuse = (json.loads(p.read_text()) for p in (args.replay, args.reuse))
     multinode = json.loads(args.multinode.read_text()) if args.multinode else None
-    ttft_cdf([("replay, chunks cached, concurrency 1", replay), ("2wiki reuse workload, all rates", reuse)],
-             args.out_dir / "serve_ttft_cdf.png")
+    ttft_cdf(
+        [("replay, chunks cached, concurrency 1", replay), ("2wiki reuse workload, all rates", reuse)],
+        args.out_dir / "serve_ttft_cdf.png",
+    )
     throughput_vs_p95(reuse, args.out_dir / "serve_throughput_p95.png")
     reuse_over_time(reuse, multinode, args.out_dir / "serve_reuse_timeline.png")
     if multinode and args.simulation:

@@ -43,7 +43,9 @@ def alone(requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     found = []
     for mine in by_worker.values():
         for request in mine:
-            busy = any(o is not request and o["sent_s"] < request["sent_s"] < o["sent_s"] + o["latency_s"] for o in mine)
+            busy = any(
+                o is not request and o["sent_s"] < request["sent_s"] < o["sent_s"] + o["latency_s"] for o in mine
+            )
             if not busy:
                 found.append(request)
     return found
@@ -64,8 +66,9 @@ def fit(measured: dict[str, Any]) -> tuple[ServiceModel, int]:
     return fit_service_model(observations, decode_s, ratio, measured.get("engine") == "torch"), len(observations)
 
 
-def sim_requests(requests: Sequence[WorkloadRequest], arrivals_s: Sequence[float], doc_tokens: dict[str, int],
-                 other_tokens: int) -> list[SimRequest]:
+def sim_requests(
+    requests: Sequence[WorkloadRequest], arrivals_s: Sequence[float], doc_tokens: dict[str, int], other_tokens: int
+) -> list[SimRequest]:
     """The workload's requests at the given arrival times, chunks keyed by content."""
     return [
         SimRequest(at, tuple((chunk_key(d), doc_tokens[d]) for d in r.documents), other_tokens)
@@ -76,10 +79,14 @@ def sim_requests(requests: Sequence[WorkloadRequest], arrivals_s: Sequence[float
 def summary(result: Any) -> dict[str, Any]:
     rates = result.hit_rates()
     return {
-        "hit_rate": rates, "local_hit_rate": round(rates[DEVICE] + rates[LOCAL], 4),
-        "device_hit_rate": rates[DEVICE], "shard_hit_rate": round(rates[LOCAL] + rates[REMOTE], 4),
-        "ttft_p50_s": round(result.ttft_quantile(0.5), 4), "ttft_p95_s": round(result.ttft_quantile(0.95), 4),
-        "remote_bytes": result.remote_bytes(), "num_rejected": result.num_rejected,
+        "hit_rate": rates,
+        "local_hit_rate": round(rates[DEVICE] + rates[LOCAL], 4),
+        "device_hit_rate": rates[DEVICE],
+        "shard_hit_rate": round(rates[LOCAL] + rates[REMOTE], 4),
+        "ttft_p50_s": round(result.ttft_quantile(0.5), 4),
+        "ttft_p95_s": round(result.ttft_quantile(0.95), 4),
+        "remote_bytes": result.remote_bytes(),
+        "num_rejected": result.num_rejected,
     }
 
 
@@ -100,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     projection = read_workload(args.projection_workload or args.workload)
     doc_tokens = {
         d: len(tokenizer(d + DOCUMENT_SEPARATOR, add_special_tokens=False).input_ids)
-        for r in (*workload, *projection) for d in r.documents
+        for r in (*workload, *projection)
+        for d in r.documents
     }
     first = measured["runs"][0]["requests"]
     other_tokens = round(statistics.median(r["prompt_tokens"] - r["document_tokens"] for r in first if r["ok"]))
@@ -115,24 +123,43 @@ def main(argv: Sequence[str] | None = None) -> None:
     for run in measured["runs"]:
         arrivals = {r["id"]: r["sent_s"] for r in run["requests"]}
         requests = sim_requests(workload, [arrivals[r.id] for r in workload], doc_tokens, other_tokens)
-        simulated = summary(simulate(requests, shape(run["nodes"]), make_router(run["policy"], seed=args.seed),
-                                     service, bytes_per_token, admission))
-        checks.append({
-            "nodes": run["nodes"], "policy": run["policy"], "simulated": simulated,
-            "measured": {"hit_rate": run["hit_rate"], "local_hit_rate": run["local_hit_rate"],
-                         "device_hit_rate": run["hit_rate"]["device"],
-                         "shard_hit_rate": round(sum(run["hit_rate"].get(t, 0.0) for t in SHARD_LABELS), 4),
-                         "ttft_p50_s": run["ttft_s"].get("p50"), "ttft_p95_s": run["ttft_s"].get("p95"),
-                         "remote_bytes": run["remote_bytes"]},
-        })
+        simulated = summary(
+            simulate(
+                requests,
+                shape(run["nodes"]),
+                make_router(run["policy"], seed=args.seed),
+                service,
+                bytes_per_token,
+                admission,
+            )
+        )
+        checks.append(
+            {
+                "nodes": run["nodes"],
+                "policy": run["policy"],
+                "simulated": simulated,
+                "measured": {
+                    "hit_rate": run["hit_rate"],
+                    "local_hit_rate": run["local_hit_rate"],
+                    "device_hit_rate": run["hit_rate"]["device"],
+                    "shard_hit_rate": round(sum(run["hit_rate"].get(t, 0.0) for t in SHARD_LABELS), 4),
+                    "ttft_p50_s": run["ttft_s"].get("p50"),
+                    "ttft_p95_s": run["ttft_s"].get("p95"),
+                    "remote_bytes": run["remote_bytes"],
+                },
+            }
+        )
 
     per_node_rate = measured["rate_rps"] / max(r["nodes"] for r in measured["runs"])
     rng = random.Random(args.seed)
 
     def projected_requests(nodes: int) -> list[SimRequest]:
         count = nodes * args.requests_per_node
-        picks = [projection[rng.randrange(len(projection))] for _ in range(count)] \
-            if count > len(projection) else projection[:count]
+        picks = (
+            [projection[rng.randrange(len(projection))] for _ in range(count)]
+            if count > len(projection)
+            else projection[:count]
+        )
         clock, arrivals = 0.0, []
         for _ in picks:
             clock += rng.expovariate(per_node_rate * nodes)
@@ -143,35 +170,65 @@ def main(argv: Sequence[str] | None = None) -> None:
     for nodes in NODE_COUNTS:
         requests = projected_requests(nodes)
         for policy in ROUTING_POLICIES:
-            result = simulate(requests, shape(nodes), make_router(policy, seed=args.seed), service, bytes_per_token,
-                              admission)
+            result = simulate(
+                requests, shape(nodes), make_router(policy, seed=args.seed), service, bytes_per_token, admission
+            )
             by_nodes.append({"nodes": nodes, "policy": policy, **summary(result)})
     by_capacity = []
     requests = projected_requests(args.capacity_nodes)
     for factor in CAPACITY_FACTORS:
         for policy in ROUTING_POLICIES:
-            result = simulate(requests, shape(args.capacity_nodes, factor), make_router(policy, seed=args.seed),
-                              service, bytes_per_token, admission)
-            by_capacity.append({"nodes": args.capacity_nodes, "device_bytes": round(measured["device_bytes"] * factor),
-                                "ram_bytes": round(measured["ram_bytes"] * factor), "policy": policy,
-                                **summary(result)})
+            result = simulate(
+                requests,
+                shape(args.capacity_nodes, factor),
+                make_router(policy, seed=args.seed),
+                service,
+                bytes_per_token,
+                admission,
+            )
+            by_capacity.append(
+                {
+                    "nodes": args.capacity_nodes,
+                    "device_bytes": round(measured["device_bytes"] * factor),
+                    "ram_bytes": round(measured["ram_bytes"] * factor),
+                    "policy": policy,
+                    **summary(result),
+                }
+            )
     document = {
         "command": "python bench/serve_simulate.py " + " ".join(argv or __import__("sys").argv[1:]),
         "machine": measured["machine"],
-        "service_model": {"base_s": service.base_s, "compute_s_per_token": service.compute_s_per_token,
-                          "reuse_s_per_token": dict(service.reuse_s_per_token), "decode_s": service.decode_s,
-                          "recompute_ratio": service.recompute_ratio, "serial_decode": service.serial_decode,
-                          "observations": num_observations},
-        "other_tokens": other_tokens, "per_node_rate_rps": per_node_rate,
+        "service_model": {
+            "base_s": service.base_s,
+            "compute_s_per_token": service.compute_s_per_token,
+            "reuse_s_per_token": dict(service.reuse_s_per_token),
+            "decode_s": service.decode_s,
+            "recompute_ratio": service.recompute_ratio,
+            "serial_decode": service.serial_decode,
+            "observations": num_observations,
+        },
+        "other_tokens": other_tokens,
+        "per_node_rate_rps": per_node_rate,
         "requests_per_node": args.requests_per_node,
-        "check": checks, "by_nodes": by_nodes, "by_capacity": by_capacity,
+        "check": checks,
+        "by_nodes": by_nodes,
+        "by_capacity": by_capacity,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     for row in checks:
-        print(row["nodes"], row["policy"], "sim", row["simulated"]["device_hit_rate"], row["simulated"]["shard_hit_rate"],
-              row["simulated"]["ttft_p95_s"], "measured", row["measured"]["device_hit_rate"],
-              row["measured"]["shard_hit_rate"], row["measured"]["ttft_p95_s"])
+        print(
+            row["nodes"],
+            row["policy"],
+            "sim",
+            row["simulated"]["device_hit_rate"],
+            row["simulated"]["shard_hit_rate"],
+            row["simulated"]["ttft_p95_s"],
+            "measured",
+            row["measured"]["device_hit_rate"],
+            row["measured"]["shard_hit_rate"],
+            row["measured"]["ttft_p95_s"],
+        )
 
 
 if __name__ == "__main__":

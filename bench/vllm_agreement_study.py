@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data/musique_cacheblend.dev.jsonl"))
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--offset", type=int, default=0)
-    parser.add_argument("--ratios", type=lambda text: [float(x) for x in text.split(",")], default=[0.15, 0.3, 0.5, 1.0])
+    parser.add_argument(
+        "--ratios", type=lambda text: [float(x) for x in text.split(",")], default=[0.15, 0.3, 0.5, 1.0]
+    )
     parser.add_argument("--oracle-ratio", type=float, default=0.15)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_agreement_study.json"))
@@ -76,24 +78,39 @@ def main() -> None:
         reference = plain.run(prompt_ids, args.max_tokens, stop)
         repeat = plain.run(prompt_ids, args.max_tokens, stop)
         reference_text = _text(engine, reference["tokens"])
-        row: dict[str, Any] = {"id": record.id, "reference": reference_text,
-                               "plain_repeat": {"agreement_f1": token_f1(_text(engine, repeat["tokens"]), reference_text)}}
+        row: dict[str, Any] = {
+            "id": record.id,
+            "reference": reference_text,
+            "plain_repeat": {"agreement_f1": token_f1(_text(engine, repeat["tokens"]), reference_text)},
+        }
         for name, mode, ratio in runs:
             out = _blended(engine, reordered, record.question, ratio, args.max_tokens, mode)
             answer = _text(engine, out["tokens"])
             row[name] = {"agreement_f1": token_f1(answer, reference_text), "ttft_s": out["ttft_s"], "answer": answer}
         rows.append(row)
-        print(record.id, " ".join(f"{name} {row[name]['agreement_f1']:.2f}" for name in row if name not in
-                                  ("id", "reference")), flush=True)
+        print(
+            record.id,
+            " ".join(f"{name} {row[name]['agreement_f1']:.2f}" for name in row if name not in ("id", "reference")),
+            flush=True,
+        )
     names = ["plain_repeat", *(name for name, _, _ in runs)]
     systems = {
-        name: {"agreement_f1_mean": statistics.mean(r[name]["agreement_f1"] for r in rows),
-               "identical_answers": sum(r[name]["agreement_f1"] == 1.0 for r in rows),
-               "ttft_s_median": _median([r[name].get("ttft_s") for r in rows])}
+        name: {
+            "agreement_f1_mean": statistics.mean(r[name]["agreement_f1"] for r in rows),
+            "identical_answers": sum(r[name]["agreement_f1"] == 1.0 for r in rows),
+            "ttft_s_median": _median([r[name].get("ttft_s") for r in rows]),
+        }
         for name in names
     }
-    result = {**measured_on(dtype), "data": str(args.data), "records": len(rows), "offset": args.offset, "max_tokens": args.max_tokens,
-              "systems": systems, "rows": rows}
+    result = {
+        **measured_on(dtype),
+        "data": str(args.data),
+        "records": len(rows),
+        "offset": args.offset,
+        "max_tokens": args.max_tokens,
+        "systems": systems,
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print("| system | agreement F1 (mean) | identical answers | TTFT median (s) |\n|---|---|---|---|")

@@ -100,7 +100,9 @@ def retrieval_requests(
         ranks = rng.choice(len(questions), size=num_requests, p=zipf_weights(len(questions), question_skew))
         chosen = [questions[order[r]] for r in ranks]
     elif num_requests > len(questions):
-        raise ValueError(f"num_requests must be <= {len(questions)} questions without question_skew, got {num_requests}")
+        raise ValueError(
+            f"num_requests must be <= {len(questions)} questions without question_skew, got {num_requests}"
+        )
     else:
         chosen = [questions[i] for i in rng.choice(len(questions), size=num_requests, replace=False)]
     unique = list(dict.fromkeys(chosen))
@@ -122,10 +124,14 @@ def zipf_weights(num_items: int, skew: float) -> np.ndarray:
 
 
 def zipf_requests(
-    passages: Sequence[Passage], questions: Sequence[PoolQuestion], num_docs: int, num_requests: int,
-    skew: float, seed: int,
+    passages: Sequence[Passage],
+    questions: Sequence[PoolQuestion],
+    num_docs: int,
+    num_requests: int,
+    skew: float,
+    seed: int,
 ) -> list[WorkloadRequest]:
-    """Each request: a random question and `num_docs` distinct passages drawn by Zipf popularity over a shuffled pool."""
+    """Each request: a random question and `num_docs` distinct passages, by Zipf popularity over a shuffled pool."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(passages))  # which passage holds which popularity rank
     weights = zipf_weights(len(passages), skew)
@@ -165,8 +171,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if kind == "zipf":
             pool.add_argument("--skew", type=float, default=1.0)
         else:
-            pool.add_argument("--question-skew", type=float, default=0.0,
-                              help="0: distinct questions; > 0: drawn again by Zipf popularity")
+            pool.add_argument(
+                "--question-skew",
+                type=float,
+                default=0.0,
+                help="0: distinct questions; > 0: drawn again by Zipf popularity",
+            )
     for command in sub.choices.values():
         command.add_argument("--num-requests", type=int, required=True)
         command.add_argument("--seed", type=int, default=0)
@@ -177,8 +187,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         passages, questions = load_pool(args.pool)
         if args.kind == "retrieval":
-            requests = retrieval_requests(passages, questions, args.num_docs, args.num_requests, args.seed,
-                                          args.question_skew)
+            requests = retrieval_requests(
+                passages, questions, args.num_docs, args.num_requests, args.seed, args.question_skew
+            )
         else:
             requests = zipf_requests(passages, questions, args.num_docs, args.num_requests, args.skew, args.seed)
     write_workload(args.out, requests)

@@ -143,7 +143,8 @@ def compare(systems: Mapping[str, Any], plan: BenchPlan) -> list[dict[str, Any]]
 
 def warmup_requests(num_warmup: int) -> list[WorkloadRequest]:
     """Untimed requests on a passage of their own, so no workload document is cached by them."""
-    return [WorkloadRequest(f"warmup-{i}", "What is this passage about?", (WARMUP_DOCUMENT,)) for i in range(num_warmup)]
+    question = "What is this passage about?"
+    return [WorkloadRequest(f"warmup-{i}", question, (WARMUP_DOCUMENT,)) for i in range(num_warmup)]
 
 
 async def _run_system(name: str, url: str, plan: BenchPlan, prompts: Mapping[str, list[int]]) -> dict[str, Any]:
@@ -167,7 +168,9 @@ async def _run_system(name: str, url: str, plan: BenchPlan, prompts: Mapping[str
             result["precompute_s"] = await _precompute(url, model, distinct_documents(plan.requests))
         for index, point in enumerate(plan.points):
             before = await _prefix_cache_counters(url) if name == "vllm" else {}
-            outcomes, duration_s = await drive(send, session, plan.point_requests(index), point, plan.burstiness, plan.seed)
+            outcomes, duration_s = await drive(
+                send, session, plan.point_requests(index), point, plan.burstiness, plan.seed
+            )
             entry: dict[str, Any] = {
                 "load": point.to_json(),
                 "summary": summarize(outcomes, duration_s),
@@ -183,8 +186,12 @@ async def _run_system(name: str, url: str, plan: BenchPlan, prompts: Mapping[str
 
 
 async def drive(
-    send: Send, session: aiohttp.ClientSession, requests: Sequence[WorkloadRequest], point: LoadPoint,
-    burstiness: float = 1.0, seed: int = 0,
+    send: Send,
+    session: aiohttp.ClientSession,
+    requests: Sequence[WorkloadRequest],
+    point: LoadPoint,
+    burstiness: float = 1.0,
+    seed: int = 0,
 ) -> tuple[list[Outcome], float]:
     """Send at the point's pace (vLLM's own arrival process) and wait for all; (outcomes, first send to last end)."""
     from vllm.benchmarks.serve import get_request
@@ -222,7 +229,7 @@ async def _precompute(url: str, model: str, documents: Sequence[str]) -> float:
     started = time.monotonic()
     async with httpx.AsyncClient(timeout=3600) as client:
         for i in range(0, len(documents), UPLOAD_BATCH):
-            batch = [{"text": d} for d in documents[i:i + UPLOAD_BATCH]]
+            batch = [{"text": d} for d in documents[i : i + UPLOAD_BATCH]]
             response = await client.post(f"{url}/v1/documents", json={"model": model, "documents": batch})
             response.raise_for_status()
     return round(time.monotonic() - started, 2)
@@ -278,8 +285,13 @@ def _versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             continue
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=Path(__file__).parent)
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).parent,
+        )
         versions["blendserve_commit"] = commit.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         versions["blendserve_commit"] = None

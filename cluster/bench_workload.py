@@ -24,13 +24,20 @@ class WorkloadRequest:
 
     def to_json(self) -> dict[str, object]:
         """The request as one JSON object of the workload file."""
-        return {"id": self.id, "question": self.question, "documents": list(self.documents), "answers": list(self.answers)}
+        return {
+            "id": self.id,
+            "question": self.question,
+            "documents": list(self.documents),
+            "answers": list(self.answers),
+        }
 
     @classmethod
     def from_json(cls, raw: dict[str, object]) -> "WorkloadRequest":
         """Read one line's object; missing answers mean none."""
         return cls(
-            str(raw["id"]), str(raw["question"]), tuple(str(d) for d in raw["documents"]),  # type: ignore[union-attr]
+            str(raw["id"]),
+            str(raw["question"]),
+            tuple(str(d) for d in raw["documents"]),  # type: ignore[union-attr]
             tuple(str(a) for a in raw.get("answers", ())),  # type: ignore[union-attr]
         )
 

@@ -31,8 +31,8 @@ def serve_command(
     dtype: str = typer.Option(None, help=DTYPE_HELP + " Overrides the configuration's model.dtype."),
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible + documents) on Ray Serve until interrupted."""
-    from cluster.config import ConfigError, config_from_dict, config_to_dict, load_config
     from cluster.auth import AuthConfigError
+    from cluster.config import ConfigError, config_from_dict, config_to_dict, load_config
     from cluster.server import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

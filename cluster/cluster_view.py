@@ -4,8 +4,8 @@ from typing import Protocol
 
 from ray.serve.handle import DeploymentHandle
 
-from kvplane.location_index import launch_location_index
 from kvplane.health import shard_health
+from kvplane.location_index import launch_location_index
 from scheduler.membership import Member, launch_membership
 from workers.engine_base import StoredChunk
 from workers.worker import Event, Job

@@ -12,20 +12,20 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from cluster.config_schema import (
     EngineConfig,
     FusionConfig,
-    GuardrailsConfig,
     LimitsConfig,
-    ServedModelConfig,
     PromptConfig,
+    ServedModelConfig,
     ServerConfig,
     TierConfig,
     WorkerConfig,
     default_tiers,
 )
+from kvplane.checks import check
 from kvplane.tier_spec import TierSpec
 from scheduler.admission import AdmissionConfig
 from scheduler.autoscaling import AutoscalingPolicy
-from kvplane.checks import check
 from scheduler.weights import RouterWeights
+from workers.guardrails import GuardrailsConfig
 
 __all__ = [
     "ConfigError",

@@ -8,14 +8,13 @@ from typing import Any
 
 import fsspec
 
+from kvplane.checks import check, check_count, check_non_negative, check_positive
 from kvplane.fs_tier import DEFAULT_TIMEOUT_S
 from kvplane.policy import POLICIES
 from kvplane.tier_spec import TierSpec
-from kvplane.checks import check, check_count, check_non_negative, check_positive
 from workers.default_model import DEFAULT_MODEL_NAME
 from workers.dtype import AUTO, DTYPE_CHOICES
 from workers.fuser import CHUNK_CONTEXTS
-from workers.guardrails import GuardrailsConfig
 from workers.fusion.registry import FUSION_MODES
 from workers.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
 from workers.vllm.settings import VLLMSettings
@@ -42,7 +41,7 @@ class ServedModelConfig:
 
     path: Path | None = None
     name: str | None = None
-    dtype: str = AUTO  # auto: bf16 on CPUs with native bf16 (AVX512_BF16/AMX), float32 on others, the model's own on GPU
+    dtype: str = AUTO
 
     def __post_init__(self) -> None:
         check(self.name is None or bool(self.name.strip()), "name", "a non-empty string or null", self.name)
@@ -115,7 +114,9 @@ class TierConfig:
         known = scheme in BUILTIN_TIER_SCHEMES or scheme in fsspec.available_protocols()
         check(known, "url", "a URL with a known scheme (ram://, device://, file://, s3://, ...)", self.url)
         allowed = _TIER_SCHEMES.get(self.name, tuple(p for p in fsspec.available_protocols() if p != "memory"))
-        check(scheme in allowed, "url", f"a {' or '.join(sorted(allowed)[:4])}... URL for the {self.name} tier", self.url)
+        check(
+            scheme in allowed, "url", f"a {' or '.join(sorted(allowed)[:4])}... URL for the {self.name} tier", self.url
+        )
         check_count("capacity_bytes", self.capacity_bytes, 0)
         check(self.policy in POLICIES, "policy", f"one of {sorted(POLICIES)}", self.policy)
         check_positive("timeout_s", self.timeout_s)
@@ -188,8 +189,12 @@ def check_api_keys(keys: Mapping[str, str], field_name: str) -> None:
     """Keys of at least MIN_API_KEY_CHARS characters, each naming a valid tenant (keys never echoed whole)."""
     for key, tenant in keys.items():
         shown = f"{str(key)[:2]}..."
-        check(isinstance(key, str) and len(key) >= MIN_API_KEY_CHARS, field_name,
-              f"keys of at least {MIN_API_KEY_CHARS} characters", shown)
+        check(
+            isinstance(key, str) and len(key) >= MIN_API_KEY_CHARS,
+            field_name,
+            f"keys of at least {MIN_API_KEY_CHARS} characters",
+            shown,
+        )
         check(isinstance(tenant, str) and is_tenant_name(tenant), f"{field_name}[{shown}]", TENANT_RULE, tenant)
 
 

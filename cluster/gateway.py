@@ -63,7 +63,9 @@ class Gateway:
         # K and V of one token in every layer, per byte of the workers' dtype (they report it).
         self.values_per_token = model.num_layers * 2 * model.num_kv_heads * model.head_dim
         prompt = config.prompt
-        self.template = PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
+        self.template = PromptTemplate(
+            tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template
+        )
         self.router = Router(config.router)
         self.admission = Admission(config.admission)
         self.metrics = ServeMetrics()
@@ -104,8 +106,12 @@ class Gateway:
             self._release(worker_id, cost, start_s)
         data = [
             StoredDocument(
-                id=document.id, key=chunk.key, num_tokens=chunk.num_tokens, tiers=chunk.tiers,
-                computed=chunk.computed, worker=worker_id,
+                id=document.id,
+                key=chunk.key,
+                num_tokens=chunk.num_tokens,
+                tiers=chunk.tiers,
+                computed=chunk.computed,
+                worker=worker_id,
             )
             for document, chunk in zip(request.documents, stored)
         ]
@@ -134,8 +140,9 @@ class Gateway:
         texts = [document.text for document in request.documents]
         prompt = self.template.layout(texts, "")
         for i, ids in enumerate(prompt.chunk_ids):
-            check_context_length(len(prompt.prefix_ids) + len(ids), 0, self.limits.max_context_tokens,
-                                 f"documents[{i}].text")
+            check_context_length(
+                len(prompt.prefix_ids) + len(ids), 0, self.limits.max_context_tokens, f"documents[{i}].text"
+            )
         return request, texts, prompt
 
     def models(self) -> ModelList:

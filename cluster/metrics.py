@@ -16,28 +16,47 @@ class ServeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("blendserve_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r)
-        self.ttft = Histogram("blendserve_ttft_seconds", "Time to first token", ["mode"], buckets=TTFT_BUCKETS_S, registry=r)
-        self.reused_tokens = Counter("blendserve_reused_tokens", "Prompt tokens served from cached KV, by tier", ["tier"], registry=r)
-        self.recomputed_tokens = Counter("blendserve_recomputed_tokens", "Prompt tokens whose KV was computed", registry=r)
+        self.requests = Counter(
+            "blendserve_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.ttft = Histogram(
+            "blendserve_ttft_seconds", "Time to first token", ["mode"], buckets=TTFT_BUCKETS_S, registry=r
+        )
+        self.reused_tokens = Counter(
+            "blendserve_reused_tokens", "Prompt tokens served from cached KV, by tier", ["tier"], registry=r
+        )
+        self.recomputed_tokens = Counter(
+            "blendserve_recomputed_tokens", "Prompt tokens whose KV was computed", registry=r
+        )
         self.recompute_ratio = Histogram(
             "blendserve_recompute_ratio", "Recompute ratio used per request", buckets=RATIO_BUCKETS, registry=r
         )
         self.routes = Counter("blendserve_routes", "Routing decisions by reason", ["reason"], registry=r)
-        self.queue_depth = Gauge("blendserve_queue_depth", "Admitted, unfinished requests per worker", ["worker"], registry=r)
-        self.evictions = Gauge("blendserve_kv_evictions", "Chunks evicted so far, per store and tier", ["holder", "tier"], registry=r)
+        self.queue_depth = Gauge(
+            "blendserve_queue_depth", "Admitted, unfinished requests per worker", ["worker"], registry=r
+        )
+        self.evictions = Gauge(
+            "blendserve_kv_evictions", "Chunks evicted so far, per store and tier", ["holder", "tier"], registry=r
+        )
         self.workers_ready = Gauge("blendserve_workers_ready", "Workers with a loaded model", registry=r)
         self.worker_info = Gauge(
-            "blendserve_worker_info", "1 per ready worker, labelled with its compute dtype and hardware",
-            ["worker", "dtype", "hardware"], registry=r,
+            "blendserve_worker_info",
+            "1 per ready worker, labelled with its compute dtype and hardware",
+            ["worker", "dtype", "hardware"],
+            registry=r,
         )
         self.blending_refused = Gauge(
-            "blendserve_blending_refused", "1 when the worker's canary gate failed (full prefill only)", ["worker"],
+            "blendserve_blending_refused",
+            "1 when the worker's canary gate failed (full prefill only)",
+            ["worker"],
             registry=r,
         )
         self.shadow = Gauge(
-            "blendserve_shadow", "Shadow comparison with full prefill per worker: completed, dropped, failed, "
-            "top1_agreement, first_token_kl_mean, first_token_kl_max", ["worker", "figure"], registry=r,
+            "blendserve_shadow",
+            "Shadow comparison with full prefill per worker: completed, dropped, failed, "
+            "top1_agreement, first_token_kl_mean, first_token_kl_max",
+            ["worker", "figure"],
+            registry=r,
         )
 
     def observe(self, finished: Finished) -> None:

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from cluster.api_models import ApiError
 from cluster.api_responses import (
     AssistantMessage,
     BlendStats,
@@ -18,7 +19,6 @@ from cluster.api_responses import (
     CompletionChoice,
     Usage,
 )
-from cluster.api_models import ApiError
 from workers.worker import Event, Finished, TextDelta
 
 DONE = b"data: [DONE]\n\n"
@@ -64,7 +64,9 @@ class ResponseFrame:
         if self.chat:
             choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)
             return ChatCompletion(**common, choices=[choice], blend=blend_stats(finished))
-        return Completion(**common, choices=[CompletionChoice(text=text, finish_reason=reason)], blend=blend_stats(finished))
+        return Completion(
+            **common, choices=[CompletionChoice(text=text, finish_reason=reason)], blend=blend_stats(finished)
+        )
 
     def chunk(self, text: str | None, finished: Finished | None = None) -> ChatCompletionChunk | Completion:
         """One stream chunk: a delta, or (with `finished`) the closing chunk carrying the blend stats."""
@@ -101,7 +103,9 @@ async def sse(frame: ResponseFrame, events: AsyncIterator[Event], include_usage:
     try:
         if frame.chat:
             opening = ChatCompletionChunk(
-                id=frame.id, created=frame.created, model=frame.model,
+                id=frame.id,
+                created=frame.created,
+                model=frame.model,
                 choices=[ChatChunkChoice(delta=ChunkDelta(role="assistant", content=""))],
             )
             yield _event(opening)

@@ -25,11 +25,11 @@ from workers.engine_base import Engine
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
 from workers.guardrails import guarded_fuser
+from workers.kvplane_store import KVPlaneChunkStore
+from workers.prompt import PromptTemplate
 from workers.runner import ModelRunner
 from workers.shadow import ShadowSampler, ShadowSummary
 from workers.torch_engine import TorchEngine
-from workers.kvplane_store import KVPlaneChunkStore
-from workers.prompt import PromptTemplate
 from workers.worker import Worker
 
 HEARTBEAT_INTERVAL_S = 1.0

@@ -4,8 +4,8 @@ import os
 import posixpath
 import time
 import uuid
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import fsspec

@@ -1,7 +1,7 @@
 """The store a worker process holds: its device tier over its cluster's shards and the object store."""
+from kvplane.level import PlacementListener
 from kvplane.shard_directory import ShardDirectory
 from kvplane.shard_tier import ShardTier
-from kvplane.level import PlacementListener
 from kvplane.store import TieredStore
 from kvplane.tier import Tier
 from kvplane.tier_spec import TierSpec, open_tier

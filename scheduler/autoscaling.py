@@ -44,7 +44,12 @@ class AutoscalingPolicy:
         check_positive("metrics_interval_s", self.metrics_interval_s)
         # Serve averages over the window: it must hold more than one report.
         window = self.look_back_period_s
-        check(self.metrics_interval_s < window, "metrics_interval_s", f"< look_back_period_s ({window})", self.metrics_interval_s)
+        check(
+            self.metrics_interval_s < window,
+            "metrics_interval_s",
+            f"< look_back_period_s ({window})",
+            self.metrics_interval_s,
+        )
 
     def clamp(self, num_replicas: int) -> int:
         """`num_replicas` brought within [min_replicas, max_replicas]."""

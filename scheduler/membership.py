@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 import ray
 from ray.actor import ActorHandle
 
-from kvplane.namespace import RAY_NAMESPACE
-
 from kvplane.checks import check, check_positive
+from kvplane.namespace import RAY_NAMESPACE
 
 MEMBERSHIP_ACTOR_NAME = "blendserve-membership"
 
@@ -64,7 +63,7 @@ class Membership:
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class MembershipActor(Membership):
-    """Ray actor shell over Membership, named MEMBERSHIP_ACTOR_NAME; restarted empty if it dies (heartbeats refill it)."""
+    """Ray actor shell over Membership, named MEMBERSHIP_ACTOR_NAME; restarted empty if it dies (heartbeats refill)."""
 
 
 def launch_membership() -> ActorHandle:

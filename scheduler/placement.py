@@ -26,7 +26,9 @@ def worker_locations(
                 reach = {holder: tier}
             elif holder in shard_nodes:
                 node = shard_nodes[holder]
-                reach = {worker: tier if worker_node == node else REMOTE for worker, worker_node in worker_nodes.items()}
+                reach = {
+                    worker: tier if worker_node == node else REMOTE for worker, worker_node in worker_nodes.items()
+                }
             else:
                 continue
             for worker, reached in reach.items():

@@ -4,8 +4,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scheduler.autoscaling import AutoscalingPolicy, desired_replicas
 from kvplane.checks import check_count, check_non_negative, check_positive
+from scheduler.autoscaling import AutoscalingPolicy, desired_replicas
 
 if TYPE_CHECKING:
     from ray.serve.config import AutoscalingContext

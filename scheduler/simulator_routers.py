@@ -5,7 +5,7 @@ from typing import Protocol
 
 from scheduler.balance import power_of_two
 from scheduler.load import WorkerLoad
-from scheduler.router import Route, RouteReason, Router
+from scheduler.router import Route, Router, RouteReason
 from scheduler.scoring import Chunk, Locations
 from scheduler.weights import RouterWeights
 

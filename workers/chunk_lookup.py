@@ -4,9 +4,9 @@ from dataclasses import dataclass
 
 from workers.chunk_kv import ChunkLayers
 from workers.chunk_store import ChunkStore, read_chunk_layers
-from workers.loading_controller import LoadingController
 from workers.fusion.layout import BlendLayout
 from workers.load_plan import ChunkPlacement, LoadingPlan
+from workers.loading_controller import LoadingController
 from workers.prompt import PromptLayout
 
 PREFIX_INDEX = -1  # BlendLayout.build's index of the prompt prefix among held parts

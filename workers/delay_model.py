@@ -106,7 +106,9 @@ def layer_timer(runner: ModelRunner, max_context_tokens: int, layer: int | None 
     @torch.inference_mode()
     def measure(context_tokens: int, selected_tokens: int) -> float:
         if not 0 < selected_tokens <= context_tokens <= max_context_tokens:
-            raise ValueError(f"need 0 < selected <= context <= {max_context_tokens}, got {selected_tokens}, {context_tokens}")
+            raise ValueError(
+                f"need 0 < selected <= context <= {max_context_tokens}, got {selected_tokens}, {context_tokens}"
+            )
         positions = spread_positions(context_tokens, selected_tokens)
         h = torch.randn(selected_tokens, config.hidden_size, generator=generator).to(device, runner.dtype)
         _synchronize(device)

@@ -8,7 +8,6 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from kvplane.checks import check_count
-
 from workers.chunk_store import DEFAULT_NAMESPACE
 from workers.sampling import SamplingParams
 

@@ -104,7 +104,9 @@ class Fuser:
     def precompute(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""
         parts = [(prompt.prefix_ids, True)] + [(ids, False) for ids in prompt.chunk_ids]
-        missing = [(ids, is_prefix) for ids, is_prefix in parts if ids and not self._tiers(ids, is_prefix, prompt, namespace)]
+        missing = [
+            (ids, is_prefix) for ids, is_prefix in parts if ids and not self._tiers(ids, is_prefix, prompt, namespace)
+        ]
         for ids, is_prefix in missing:
             self._store(ids, is_prefix, prompt, namespace)
         return len(missing)
@@ -169,7 +171,9 @@ class Fuser:
         used = lookup.ratio if prefill.recompute_ratio is None else prefill.recompute_ratio
         return FusedPrompt(cache, prefill, lookup.layout, mode, used)
 
-    def _lookup(self, prompt: PromptLayout, reads_cache: bool, namespace: str, ratio: float, kv_end: int) -> LookupResult:
+    def _lookup(
+        self, prompt: PromptLayout, reads_cache: bool, namespace: str, ratio: float, kv_end: int
+    ) -> LookupResult:
         if not reads_cache:
             return LookupResult(BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None, kv_end=kv_end), ratio)
         cfg = self.runner.config

@@ -1,8 +1,8 @@
-"""The quality guardrails a worker starts with: the canary gate, the cacheblend fallback, shadow runs, the controller."""
+"""A worker's quality guardrails: the canary gate, the cacheblend fallback, shadow runs, the controller."""
+
 from dataclasses import dataclass
 
 from kvplane.checks import check
-
 from workers.canary import DEFAULT_MAX_DEVIATION, canary_verdict
 from workers.chunk_store import ChunkStore, LocalChunkStore
 from workers.fuser import Fuser
@@ -24,7 +24,9 @@ class GuardrailsConfig:
 
     def __post_init__(self) -> None:
         check(self.canary_max_deviation > 0, "canary_max_deviation", "a number > 0", self.canary_max_deviation)
-        check(0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage)
+        check(
+            0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage
+        )
         check(0.0 <= self.shadow_fraction <= 1.0, "shadow_fraction", "in [0, 1]", self.shadow_fraction)
 
 

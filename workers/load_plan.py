@@ -2,9 +2,9 @@
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from kvplane.checks import check, check_non_negative
 from kvplane.latency import QUANTILES, LoadQuantiles
 from workers.delay_model import RecomputeDelayModel
-from kvplane.checks import check, check_non_negative
 from workers.fusion.base import (
     CHECK_LAYER_FILTER_LAYERS,
     CHECK_LAYER_FILTER_MULTIPLIERS,
@@ -79,7 +79,9 @@ class ControllerOptions:
     def ratios(self) -> list[float]:
         """Candidate ratios from the floor to the ceiling, both included."""
         count = int((self.ratio_ceiling - self.ratio_floor) / self.ratio_step + _TIE)
-        grid = [max(self.ratio_floor, round(self.ratio_floor + index * self.ratio_step, 9)) for index in range(count + 1)]
+        grid = [
+            max(self.ratio_floor, round(self.ratio_floor + index * self.ratio_step, 9)) for index in range(count + 1)
+        ]
         return grid if grid[-1] >= self.ratio_ceiling - _TIE else [*grid, self.ratio_ceiling]
 
 
@@ -221,7 +223,8 @@ def plan_loading(
     # slack). Only the last layer's compute, which nothing overlaps, grows: 1/num_layers of the extra.
     ratios = options.ratios()
     overlapped = [
-        ttft - last for ttft, last in (
+        ttft - last
+        for ttft, last in (
             _predict(chunks, actions, ratio, delays, quantiles, objective, options, forced_tokens) for ratio in ratios
         )
     ]

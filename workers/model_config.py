@@ -131,7 +131,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise UnsupportedModelError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+            raise UnsupportedModelError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim {self.head_dim} must be even for rotary embeddings")
         if min(self.num_layers, self.hidden_size, self.intermediate_size, self.vocab_size) <= 0:

@@ -6,7 +6,6 @@ import torch
 
 from workers.model_config import RopeConfig
 
-
 KeyRotation = Callable[[int, torch.Tensor, int], torch.Tensor]
 """(layer, cached keys [T, H_kv, D] rotated for positions p, delta) -> the keys rotated for p + delta, with that
 layer's RoPE (a runner's rerotate_keys: layers of one model may rotate differently, e.g. Gemma 3's two bases)."""

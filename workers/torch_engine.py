@@ -3,7 +3,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-
 from workers.checkpoint import Checkpoint, load_checkpoint
 from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore
 from workers.decode import iter_decode

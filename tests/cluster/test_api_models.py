@@ -334,7 +334,10 @@ def test_bounded_options_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        (b'{"messages": [{"role": "user", "content": "q"}], "max_tokens": 1, "max_tokens": 900}', "'max_tokens' appears twice"),
+        (
+            b'{"messages": [{"role": "user", "content": "q"}], "max_tokens": 1, "max_tokens": 900}',
+            "'max_tokens' appears twice",
+        ),
         (b'{"messages": [{"role": "user", "content": "q", "content": "r"}]}', "'content' appears twice"),
         (b'{"messages": [], "documents": [{"text": "a", "text": "b"}]}', "'text' appears twice"),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),

@@ -11,7 +11,9 @@ def test_fixed_replicas_and_resources():
 
 
 def test_autoscaling_replaces_the_fixed_count():
-    config = config_from_dict({"autoscaling": {"min_replicas": 1, "max_replicas": 4}, "admission": {"max_queued_per_worker": 4}})
+    config = config_from_dict(
+        {"autoscaling": {"min_replicas": 1, "max_replicas": 4}, "admission": {"max_queued_per_worker": 4}}
+    )
     options = worker_options(config)
     assert "num_replicas" not in options
     assert options["autoscaling_config"]["min_replicas"] == 1 and options["autoscaling_config"]["max_replicas"] == 4

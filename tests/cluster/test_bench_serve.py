@@ -3,7 +3,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -24,16 +23,38 @@ WORKLOAD = [
 ]
 
 
-def test_bench_serve_drives_blendserve_and_plain_vllm_with_the_same_prompts(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_bench_serve_drives_blendserve_and_plain_vllm_with_the_same_prompts(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     root = tmp_path_factory.mktemp("bs")  # short: Ray's socket paths under it must stay within 107 bytes
     workload, out = root / "w.jsonl", root / "result.json"
     write_workload(workload, WORKLOAD)
     config = root / "config.yaml"
     config.write_text("guardrails: {canary: false}\nlimits: {default_max_tokens: 8}\n")
     command = [
-        sys.executable, "-c", "from cluster.cli import app; app()", "bench", "serve", "--workload", str(workload),
-        "--out", str(out), "--concurrency", "1", "--max-tokens", "6", "--warmup", "1", "--kv-cache-mib", "256",
-        "--max-model-len", "2048", "--config", str(config), "--work-dir", str(root / "w"),
+        sys.executable,
+        "-c",
+        "from cluster.cli import app; app()",
+        "bench",
+        "serve",
+        "--workload",
+        str(workload),
+        "--out",
+        str(out),
+        "--concurrency",
+        "1",
+        "--max-tokens",
+        "6",
+        "--warmup",
+        "1",
+        "--kv-cache-mib",
+        "256",
+        "--max-model-len",
+        "2048",
+        "--config",
+        str(config),
+        "--work-dir",
+        str(root / "w"),
     ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]

@@ -88,15 +88,22 @@ def test_each_load_point_gets_its_own_slice_of_the_workload() -> None:
 
 
 def test_both_systems_get_the_same_engine_shape() -> None:
-    config = blendserve_config(SHAPE, 8123, Path("/tmp/d"), {"admission": {"max_queued_per_worker": 8}, "data_dir": "/x"})
+    config = blendserve_config(
+        SHAPE, 8123, Path("/tmp/d"), {"admission": {"max_queued_per_worker": 8}, "data_dir": "/x"}
+    )
     vllm = config["engine"]["vllm"]
     assert config["engine"]["kind"] == "vllm" and config["model"]["dtype"] == "bfloat16"
     assert (vllm["kv_cache_bytes"], vllm["max_num_seqs"], vllm["max_model_len"]) == (1 << 30, 4, 4096)
     assert config["server"] == {"host": "127.0.0.1", "port": 8123}
     assert config["admission"] == {"max_queued_per_worker": 8} and config["data_dir"] == "/x"  # the caller's own wins
     command = vllm_command(SHAPE, 8124)
-    for flag, value in (("--dtype", "bfloat16"), ("--kv-cache-memory-bytes", str(1 << 30)), ("--max-num-seqs", "4"),
-                        ("--max-model-len", "4096"), ("--port", "8124")):
+    for flag, value in (
+        ("--dtype", "bfloat16"),
+        ("--kv-cache-memory-bytes", str(1 << 30)),
+        ("--max-num-seqs", "4"),
+        ("--max-model-len", "4096"),
+        ("--port", "8124"),
+    ):
         assert command[command.index(flag) + 1] == value
     assert "--enable-prefix-caching" in command and "--enforce-eager" in command
 

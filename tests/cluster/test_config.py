@@ -133,7 +133,10 @@ def test_relative_data_dir_places_the_default_ssd_tier_under_the_working_directo
         ({"tiers": [{"name": "ram", "url": "/tmp/kv", "capacity_bytes": 1}]}, "tiers[0].url: must be a URL"),
         ({"tiers": [{"name": "ram", "url": "ram://", "capacity_bytes": -1}]}, "tiers[0].capacity_bytes: must be"),
         ({"tiers": [{"name": "ram", "url": "ram://", "capacity_bytes": 1, "policy": "fifo"}]}, "tiers[0].policy"),
-        ({"tiers": [{"name": "nvme", "url": "ram://", "capacity_bytes": 1}]}, "tiers[0].name: must be one of ['device'"),
+        (
+            {"tiers": [{"name": "nvme", "url": "ram://", "capacity_bytes": 1}]},
+            "tiers[0].name: must be one of ['device'",
+        ),
         ({"tiers": [{"name": "ram", "url": "file:///kv", "capacity_bytes": 1}]}, "tiers[0].url: must be a ram"),
         ({"server": {"default_tenant": "a b"}}, "server.default_tenant: must be 1 to 64 letters"),
         ({"server": {"api_keys": {"short": "acme"}}}, "server.api_keys: must be keys of at least 8 characters"),

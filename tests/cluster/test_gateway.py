@@ -14,6 +14,7 @@ from workers.default_model import prepare_default_model
 from workers.engine_base import StoredChunk
 from workers.worker import Finished, Job, TextDelta
 
+
 class ScriptedCluster:
     def __init__(self, members: list[Member], holder: str | None = None, index_down: bool = False) -> None:
         self._members = members

@@ -54,8 +54,12 @@ def test_sigterm_drains_a_running_stream_and_exits_cleanly(tmp_path_factory: pyt
     env.pop("RAY_ADDRESS", None)
     log = root / "serve.log"
     with open(log, "wb") as sink:
-        process = subprocess.Popen([str(Path(sys.executable).with_name("blendserve")), "serve", "--config", str(config)],
-                                   stdout=sink, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("blendserve")), "serve", "--config", str(config)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     base_url = f"http://127.0.0.1:{port}"
     try:
         deadline_s = time.monotonic() + READY_TIMEOUT_S

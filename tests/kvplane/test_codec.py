@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.kvplane.conftest import EntryFactory
+from kvplane.buffers import host_view
 from kvplane.codec import (
     FORMAT_VERSION,
     CodecError,
@@ -17,7 +17,7 @@ from kvplane.codec import (
     parse_header,
     read_header,
 )
-from kvplane.buffers import host_view
+from tests.kvplane.conftest import EntryFactory
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

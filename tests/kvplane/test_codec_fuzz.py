@@ -1,6 +1,5 @@
 """Property-based fuzzing of the codec's decoder: any bytes, any header a forger can checksum, never a crash."""
 import msgpack
-import numpy as np
 import pytest
 import torch
 import xxhash
@@ -27,10 +26,16 @@ from tests.kvplane.conftest import build_entry
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ENTRY = build_entry(11, num_tokens=4, num_layers=2)
 SOUND = encode(ENTRY)
-SOUND_FIELDS = msgpack.unpackb(bytes(SOUND.numpy()[_PREFIX.size : _PREFIX.size + _PREFIX.unpack_from(SOUND.numpy())[3]]))
+SOUND_FIELDS = msgpack.unpackb(
+    bytes(SOUND.numpy()[_PREFIX.size : _PREFIX.size + _PREFIX.unpack_from(SOUND.numpy())[3]])
+)
 
 anything = st.recursive(
-    st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 64) - 1) | st.floats() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 63), (1 << 64) - 1)
+    | st.floats()
+    | st.text(max_size=20)
     | st.binary(max_size=64),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
@@ -80,14 +85,16 @@ def test_claimed_shapes_never_allocate_what_they_claim(
 
     def header(data_offset: int) -> ChunkHeader:  # offsets are fixed-width: the draft has the final length
         offsets = tuple(data_offset + i * layer_nbytes for i in range(num_layers))
-        return ChunkHeader(ENTRY.key, ENTRY.fingerprint, "float32", shape, list(range(num_tokens)), 1.0, offsets,
-                           (0,) * num_layers)
+        return ChunkHeader(
+            ENTRY.key, ENTRY.fingerprint, "float32", shape, list(range(num_tokens)), 1.0, offsets, (0,) * num_layers
+        )
 
     data_offset = _align(_PREFIX.size + len(_pack(header(0))))
     packed = _pack(header(data_offset))
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(packed), xxhash.xxh3_64_intdigest(packed))
-    blob = torch.frombuffer(bytearray(prefix + packed + bytes(data_offset - len(prefix) - len(packed)) + payload),
-                            dtype=torch.uint8)
+    blob = torch.frombuffer(
+        bytearray(prefix + packed + bytes(data_offset - len(prefix) - len(packed)) + payload), dtype=torch.uint8
+    )
     disk = MemoryTier("disk", 1 << 40)
     disk.put(ENTRY.key, blob)  # below the top tier, where a forger's file would sit
     with TieredStore([MemoryTier("ram", 1 << 20), disk], "lru") as store:

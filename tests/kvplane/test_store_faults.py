@@ -32,7 +32,9 @@ def test_an_entry_deleted_behind_the_stores_back_is_forgotten_reported_and_writt
 ) -> None:
     events: list[tuple[str, str, int]] = []
     entry = make_entry(1)
-    with TieredStore.from_specs([TierSpec("ssd", ssd_url, 1 << 20, "lru")], listener=lambda *e: events.append(e)) as store:
+    with TieredStore.from_specs(
+        [TierSpec("ssd", ssd_url, 1 << 20, "lru")], listener=lambda *e: events.append(e)
+    ) as store:
         store.put(entry)
         ssd_file(ssd_url, entry.key).unlink()
         assert store.get(entry.key) is None

@@ -36,7 +36,9 @@ def test_ttft_window_keeps_only_the_newest_samples():
     assert window.p95_s(now_s=0.0) == 1.0
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"window_s": 0.0}, "window_s"), ({"window_s": 1.0, "max_samples": 0}, "max_samples")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"), [({"window_s": 0.0}, "window_s"), ({"window_s": 1.0, "max_samples": 0}, "max_samples")]
+)
 def test_bad_window_names_the_field(kwargs: dict, field: str):
     with pytest.raises(ValueError, match=field):
         TtftWindow(**kwargs)
@@ -45,7 +47,9 @@ def test_bad_window_names_the_field(kwargs: dict, field: str):
 def _context(current: int, total_requests: float, ttfts: dict[str, float]) -> SimpleNamespace:
     """What Serve hands a policy, reduced to the fields the policy reads."""
     return SimpleNamespace(
-        current_num_replicas=current, total_num_requests=total_requests, running_replicas=list(ttfts),
+        current_num_replicas=current,
+        total_num_requests=total_requests,
+        running_replicas=list(ttfts),
         aggregated_metrics={TTFT_P95_METRIC: ttfts} if ttfts else {},
     )
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from scheduler.load import WorkerLoad
 from scheduler.rendezvous import home_worker
-from scheduler.router import Route, RouteReason, Router
+from scheduler.router import Route, Router, RouteReason
 from scheduler.scoring import Chunk
 from scheduler.weights import MiB
 

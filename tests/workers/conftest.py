@@ -7,9 +7,9 @@ import torch
 
 from workers.checkpoint import Checkpoint, load_checkpoint
 from workers.default_model import prepare_default_model
-from workers.torch_engine import TorchEngine
 from workers.prompt import PromptTemplate
 from workers.runner import ModelRunner
+from workers.torch_engine import TorchEngine
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

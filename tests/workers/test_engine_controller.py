@@ -6,12 +6,12 @@ from kvplane.latency import LoadQuantiles, LoadTelemetry
 from workers.checkpoint import Checkpoint
 from workers.chunk_kv import ChunkKV
 from workers.chunk_store import DEFAULT_NAMESPACE, LOCAL_TIER, LocalChunkStore
-from workers.loading_controller import DEFAULT_PRIOR, LoadingController
 from workers.delay_model import RecomputeDelayModel
 from workers.engine_base import BlendRequest, BlendResult
-from workers.torch_engine import TorchEngine
 from workers.load_plan import ControllerOptions
+from workers.loading_controller import DEFAULT_PRIOR, LoadingController
 from workers.sampling import SamplingParams
+from workers.torch_engine import TorchEngine
 
 SHORT = SamplingParams(max_new_tokens=4)
 DELAYS = RecomputeDelayModel(num_layers=30, fixed_s=1e-4, per_token_s=1e-5, per_pair_s=1e-8)

@@ -25,7 +25,11 @@ def test_the_question_is_visible_and_the_context_kv_is_what_fusing_the_context_a
     alone = fuser.fuse(replace(prompt, suffix_ids=[]), mode, 0.15)
     assert seen.layout.kv_end == context == seen.cache.capacity and seen.cache.length == context
     question = seen.layout.question
-    assert question is not None and question.kind == SUFFIX and (question.start, question.end) == (context, len(prompt.token_ids))
+    assert (
+        question is not None
+        and question.kind == SUFFIX
+        and (question.start, question.end) == (context, len(prompt.token_ids))
+    )
     assert seen.layout.token_ids[question.start :].tolist() == prompt.suffix_ids
     assert torch.equal(seen.cache.data, alone.cache.data)
     assert seen.prefill.recomputed_fraction == alone.prefill.recomputed_fraction
@@ -50,7 +54,9 @@ def test_misses_are_written_back_and_a_refused_fuser_serves_full_prefill(
     assert served.mode.name == "full_prefill" and served.reused_tokens_by_tier() == {}
 
 
-def test_a_cache_too_small_and_an_unknown_chunk_context_are_refused(runner: ModelRunner, qa_records: list[dict]) -> None:
+def test_a_cache_too_small_and_an_unknown_chunk_context_are_refused(
+    runner: ModelRunner, qa_records: list[dict]
+) -> None:
     fuser = Fuser(runner)
     prompt = fuser.layout(qa_records[0]["documents"], qa_records[0]["question"])
     with pytest.raises(ValueError, match="cannot hold"):

@@ -5,9 +5,9 @@ from kvplane.store import TieredStore
 from kvplane.tier_spec import TierSpec
 from workers.checkpoint import Checkpoint
 from workers.engine_base import BlendRequest
-from workers.torch_engine import TorchEngine
 from workers.kvplane_store import KVPlaneChunkStore
 from workers.sampling import SamplingParams
+from workers.torch_engine import TorchEngine
 
 SHORT = SamplingParams(max_new_tokens=4)
 

@@ -312,7 +312,8 @@ def test_unsupported_gemma3_config_is_refused_by_name(config: dict[str, Any], pr
 
 
 def test_refusal_lists_what_is_supported() -> None:
-    with pytest.raises(UnsupportedModelError, match="supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"):
+    supported = "supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+    with pytest.raises(UnsupportedModelError, match=supported):
         ModelConfig.from_hf(llama_config(architectures=["GPT2LMHeadModel"]))
     with pytest.raises(UnsupportedModelError, match="supported: default, linear, llama3"):
         ModelConfig.from_hf(llama_config(rope_parameters={"rope_theta": 1e4, "rope_type": "yarn"}))

@@ -26,4 +26,6 @@ def test_real_model_chunk_keys_rerotate_to_offset(runner: ModelRunner) -> None:
     _, k_at_offset, v_at_offset = runner.qkv(0, runner.embed(ids), torch.arange(len(ids)) + offset)
     assert not torch.allclose(chunk.kv[0, 0], k_at_offset, atol=0.1)  # the offset moves the keys
     torch.testing.assert_close(rerotate(chunk.kv[0, 0], runner.inv_freq, offset), k_at_offset, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(chunk.kv[0, 1], v_at_offset)  # values carry no position: cached ones are right as they are
+    torch.testing.assert_close(
+        chunk.kv[0, 1], v_at_offset
+    )  # values carry no position: cached ones are right as they are

@@ -3,9 +3,9 @@ import pytest
 
 from workers.checkpoint import Checkpoint
 from workers.engine_base import BlendRequest
-from workers.torch_engine import TorchEngine
 from workers.sampling import SamplingParams
 from workers.shadow import ShadowSampler
+from workers.torch_engine import TorchEngine
 
 SHORT = SamplingParams(max_new_tokens=2)
 

@@ -33,7 +33,9 @@ def load_eval_engine(
     path = model or prepare_default_model()
     if kind == "torch":
         checkpoint = load_checkpoint(path, torch_dtype(resolve_dtype(dtype, path, on_gpu=False)))
-        return direct_access(TorchEngine(Fuser(ModelRunner(checkpoint), options, chunk_context=chunk_context, modes=modes)))
+        return direct_access(
+            TorchEngine(Fuser(ModelRunner(checkpoint), options, chunk_context=chunk_context, modes=modes))
+        )
     from workers.vllm.engine import VLLMEngine  # imports vllm: only when asked for
     from workers.vllm.settings import VLLMSettings
 

@@ -96,7 +96,9 @@ def evaluate(
     engine = access.engine
     sampling = SamplingParams(max_new_tokens=max_new_tokens)
     if warm_up:
-        engine.generate(BlendRequest(["warm-up"], "warm-up?", REFERENCE_MODE, sampling=SamplingParams(max_new_tokens=2)))
+        engine.generate(
+            BlendRequest(["warm-up"], "warm-up?", REFERENCE_MODE, sampling=SamplingParams(max_new_tokens=2))
+        )
     scores: list[RecordScore] = []
     store_s = 0.0
     for index, record in enumerate(records):
@@ -105,7 +107,9 @@ def evaluate(
         store_s += time.perf_counter() - start_s
         prompt = engine.fuser.layout(record.documents, record.question)
         reference = _answer(engine, record, REFERENCE_MODE, 1.0, sampling)
-        reference_logprobs = _logprobs(access, prompt, REFERENCE_MODE, 1.0, reference.token_ids) if teacher_forced else None
+        reference_logprobs = (
+            _logprobs(access, prompt, REFERENCE_MODE, 1.0, reference.token_ids) if teacher_forced else None
+        )
         rows = []
         for run in runs:
             result = reference if run.mode == REFERENCE_MODE else _answer(engine, record, run.mode, run.ratio, sampling)

@@ -52,7 +52,9 @@ class FusionOptions:
               "0 <= cci_reuse_below < cci_full_above <= 1", (self.cci_reuse_below, self.cci_full_above))
         for name in ("cci_sample_queries", "prefix_cache_blocks", "prefix_block_tokens"):
             check_count(name, getattr(self, name), 1)
-        check(0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage)
+        check(
+            0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage
+        )
         check(0.0 < self.fallback_full_above <= 1.0, "fallback_full_above", "in (0, 1]", self.fallback_full_above)
 
     def with_gradual_filtering(self) -> "FusionOptions":
@@ -62,10 +64,18 @@ class FusionOptions:
 
 def check_filter_schedule(layers: tuple[int, ...], multipliers: tuple[float, ...], first_layer: int) -> None:
     """Filter layers strictly ascending from `first_layer` on, each with a multiplier of the ratio >= 1."""
-    check(len(layers) == len(multipliers) and len(layers) > 0, "filter_layers, filter_multipliers",
-          "non-empty and of equal length", (layers, multipliers))
-    check(list(layers) == sorted(set(layers)) and layers[0] >= first_layer, "filter_layers",
-          f"strictly ascending from layer {first_layer} on", layers)
+    check(
+        len(layers) == len(multipliers) and len(layers) > 0,
+        "filter_layers, filter_multipliers",
+        "non-empty and of equal length",
+        (layers, multipliers),
+    )
+    check(
+        list(layers) == sorted(set(layers)) and layers[0] >= first_layer,
+        "filter_layers",
+        f"strictly ascending from layer {first_layer} on",
+        layers,
+    )
     check(all(m >= 1.0 for m in multipliers), "filter_multipliers", "all >= 1", multipliers)
 
 

@@ -65,10 +65,16 @@ class QueryDriven(FusionMode):
         chosen = select_tokens(relevance, layout, ratio, self.options.selection_span_tokens, self.scoring.budget_split)
         return selective_prefill(runner, layout, cache, chosen, None, feed)
 
-    def relevance(self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, feed: LayerFeed | None) -> torch.Tensor:
+    def relevance(
+        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, feed: LayerFeed | None
+    ) -> torch.Tensor:
         """Per position below kv_end, the question's attention to it, combined over the scoring layers. # [kv_end]"""
         scoring = self.scoring
-        last = runner.config.num_layers - 1 if scoring.last_layer is None else min(scoring.last_layer, runner.config.num_layers - 1)
+        last = (
+            runner.config.num_layers - 1
+            if scoring.last_layer is None
+            else min(scoring.last_layer, runner.config.num_layers - 1)
+        )
         per_layer = question_attention(runner, layout, cache, feed, last, scoring.query_tokens)  # [L', kv_end]
         per_layer = per_layer[scoring.first_layer :]
         if scoring.layer_norm:

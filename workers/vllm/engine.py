@@ -107,7 +107,9 @@ class VLLMEngine(Engine):
             self._loop.abort(submitted.stream)
             raise
         stats = self._stats(request.mode, ratio, time.perf_counter() - start_s, prompt, submitted)
-        return Generation(stats, self._tokens(first, tokens, submitted.stream), self._write_back(prompt, request, submitted))
+        return Generation(
+            stats, self._tokens(first, tokens, submitted.stream), self._write_back(prompt, request, submitted)
+        )
 
     def store_documents(self, documents: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[StoredChunk]:
         """Compute (if missing) and store each document's chunk KV, on the engine thread."""
@@ -132,7 +134,9 @@ class VLLMEngine(Engine):
 
     # ---------------- on the engine thread ----------------
 
-    def _submit(self, prompt: PromptLayout, request: BlendRequest, ratio: float, sampling: SamplingParams) -> _Submitted:
+    def _submit(
+        self, prompt: PromptLayout, request: BlendRequest, ratio: float, sampling: SamplingParams
+    ) -> _Submitted:
         params = self._vllm_params(sampling)
         context = len(prompt.token_ids) - len(prompt.suffix_ids)
         fused, key, injected = None, None, 0
@@ -190,7 +194,9 @@ class VLLMEngine(Engine):
 
         return write_back
 
-    def _stats(self, mode: str, ratio: float, ttft_s: float, prompt: PromptLayout, submitted: _Submitted) -> PrefillStats:
+    def _stats(
+        self, mode: str, ratio: float, ttft_s: float, prompt: PromptLayout, submitted: _Submitted
+    ) -> PrefillStats:
         num_tokens = len(prompt.token_ids)
         context = num_tokens - len(prompt.suffix_ids)
         injected, fused = submitted.injected_tokens, submitted.fused

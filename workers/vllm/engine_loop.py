@@ -76,7 +76,9 @@ class EngineLoop:
         """Run `fn` on the engine thread and wait for its result."""
         return self.submit(fn).result()
 
-    def add_request(self, request_id: str, prompt: dict[str, Any], params: Any, held_kv: str | None = None) -> TokenStream:
+    def add_request(
+        self, request_id: str, prompt: dict[str, Any], params: Any, held_kv: str | None = None
+    ) -> TokenStream:
         """Hand a request to vLLM (engine thread only); its outputs go to the returned stream.
 
         `held_kv`: the handoff key of the context KV the request carries, released here if the request fails.

@@ -8,8 +8,8 @@ from workers.checkpoint import Checkpoint, load_model_card
 from workers.fingerprint import model_fingerprint
 from workers.kv_cache import KVCache
 from workers.model_config import ModelConfig
-from workers.vllm.paged_attention import MIN_QUERIES, PagedAttention
 from workers.runner import ModelRunner
+from workers.vllm.paged_attention import MIN_QUERIES, PagedAttention
 from workers.weights import LayerWeights, ModelWeights
 
 _NO_TENSOR = torch.empty(0)  # the dense projections stay inside vLLM's modules (repacked on CPU)

@@ -26,10 +26,18 @@ class VLLMSettings:
         check_count("max_model_len", self.max_model_len, 256)
         check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]",
               self.gpu_memory_utilization)
-        check(self.kv_cache_bytes is None or self.kv_cache_bytes >= 1 << 20, "kv_cache_bytes", "an int >= 1 MiB or null",
-              self.kv_cache_bytes)
-        check(self.block_size is None or self.block_size in (16, 32, 64, 128), "block_size",
-              "one of 16, 32, 64, 128 or null", self.block_size)
+        check(
+            self.kv_cache_bytes is None or self.kv_cache_bytes >= 1 << 20,
+            "kv_cache_bytes",
+            "an int >= 1 MiB or null",
+            self.kv_cache_bytes,
+        )
+        check(
+            self.block_size is None or self.block_size in (16, 32, 64, 128),
+            "block_size",
+            "one of 16, 32, 64, 128 or null",
+            self.block_size,
+        )
         check_count("max_num_seqs", self.max_num_seqs, 1)
         check_count("max_concurrent_jobs", self.max_concurrent_jobs, 1)
         check(self.num_threads is None or self.num_threads >= 1, "num_threads", "an int >= 1 or null", self.num_threads)

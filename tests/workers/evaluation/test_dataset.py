@@ -1,6 +1,6 @@
 """Reading the shared QA files: limits, offsets, and documents with their titles."""
-from workers.evaluation.dataset import load_records
 from tests.workers.conftest import DATA_DIR
+from workers.evaluation.dataset import load_records
 
 
 def test_offset_and_limit_select_a_slice() -> None:

@@ -56,9 +56,26 @@ def test_eval_gradual_filtering_recomputes_twice_the_ratio_at_the_check_layer(tm
     fractions = {}
     for flag in ("--no-gradual-filtering", "--gradual-filtering"):
         out = tmp_path / f"{flag}.json"
-        result = CliRunner().invoke(app, ["eval", "--data", str(data), "--limit", "1", "--modes", "cacheblend",
-                                          "--selection-span-tokens", "1", flag, "--max-new-tokens", "1", "--no-teacher-forced",
-                                          "--out", str(out)])
+        result = CliRunner().invoke(
+            app,
+            [
+                "eval",
+                "--data",
+                str(data),
+                "--limit",
+                "1",
+                "--modes",
+                "cacheblend",
+                "--selection-span-tokens",
+                "1",
+                flag,
+                "--max-new-tokens",
+                "1",
+                "--no-teacher-forced",
+                "--out",
+                str(out),
+            ],
+        )
         assert result.exit_code == 0, result.output
         fractions[flag] = json.loads(out.read_text())["modes"]["cacheblend"]["recomputed_fraction"]
     # one extra layer (layer 2's K/V) at 2r instead of r: r / num_layers = 0.15 / 30 more of the context

@@ -4,9 +4,9 @@ import torch
 
 from workers.checkpoint import Checkpoint
 from workers.engine_base import BlendRequest, BlendResult
-from workers.torch_engine import TorchEngine
 from workers.fusion.base import FusionOptions
 from workers.sampling import SamplingParams
+from workers.torch_engine import TorchEngine
 
 SHORT = SamplingParams(max_new_tokens=4)
 
@@ -17,7 +17,9 @@ def answer(engine: TorchEngine, record: dict, mode: str = "cacheblend", ratio: f
 
 
 def test_sparse_requests_keep_their_ratio(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
-    engine = TorchEngine.from_checkpoint(checkpoint, FusionOptions(fallback_min_coverage=0.5))  # real requests cover ~0.7
+    engine = TorchEngine.from_checkpoint(
+        checkpoint, FusionOptions(fallback_min_coverage=0.5)
+    )  # real requests cover ~0.7
     assert answer(engine, qa_records[0]).stats.recompute_ratio == 0.15
 
 
@@ -25,7 +27,10 @@ def test_a_demanding_coverage_raises_the_ratio(checkpoint: Checkpoint, qa_record
     engine = TorchEngine.from_checkpoint(checkpoint, FusionOptions(fallback_min_coverage=0.95, fallback_full_above=1.0))
     result = answer(engine, qa_records[0])
     assert 0.15 < result.stats.recompute_ratio < 1.0
-    assert result.stats.recomputed_fraction > answer(TorchEngine.from_checkpoint(checkpoint), qa_records[0]).stats.recomputed_fraction
+    assert (
+        result.stats.recomputed_fraction
+        > answer(TorchEngine.from_checkpoint(checkpoint), qa_records[0]).stats.recomputed_fraction
+    )
 
 
 def test_not_sparse_at_all_recomputes_in_full(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
@@ -35,5 +40,6 @@ def test_not_sparse_at_all_recomputes_in_full(checkpoint: Checkpoint, qa_records
     assert result.stats.recompute_ratio == 1.0
     assert result.stats.recomputed_fraction == pytest.approx(1.0)
     assert result.token_ids == reference.token_ids
-    torch.testing.assert_close(result.stats.first_token_logprobs, reference.stats.first_token_logprobs,
-                               atol=2e-3, rtol=0.0)
+    torch.testing.assert_close(
+        result.stats.first_token_logprobs, reference.stats.first_token_logprobs, atol=2e-3, rtol=0.0
+    )

@@ -4,10 +4,10 @@ import torch
 
 from workers.checkpoint import Checkpoint
 from workers.engine_base import BlendRequest, BlendResult
-from workers.torch_engine import TorchEngine
 from workers.evaluation.divergence import first_token_kl
 from workers.prompt import PromptTemplate
 from workers.sampling import SamplingParams
+from workers.torch_engine import TorchEngine
 
 SHORT = SamplingParams(max_new_tokens=6)
 LOGPROB_TOLERANCE = dict(atol=2e-3, rtol=0.0)
@@ -21,7 +21,9 @@ def ask(engine: TorchEngine, documents: list[str], question: str, mode: str, rat
 def assert_same_answer(result: BlendResult, reference: BlendResult) -> None:
     """Same greedy tokens and the same first-token distribution (up to float32 rounding)."""
     assert result.token_ids == reference.token_ids
-    torch.testing.assert_close(result.stats.first_token_logprobs, reference.stats.first_token_logprobs, **LOGPROB_TOLERANCE)
+    torch.testing.assert_close(
+        result.stats.first_token_logprobs, reference.stats.first_token_logprobs, **LOGPROB_TOLERANCE
+    )
 
 
 def test_cacheblend_at_full_ratio_equals_full_prefill(engine: TorchEngine, qa_records: list[dict]) -> None:
@@ -33,8 +35,17 @@ def test_cacheblend_at_full_ratio_equals_full_prefill(engine: TorchEngine, qa_re
     assert blended.stats.recomputed_fraction == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("mode,ratio", [("full_reuse", 0.0), ("cacheblend", 0.0), ("cacheblend", 0.15),
-                                        ("cacheblend", 0.5), ("epic", 0.15), ("cachecraft", 0.15)])
+@pytest.mark.parametrize(
+    "mode,ratio",
+    [
+        ("full_reuse", 0.0),
+        ("cacheblend", 0.0),
+        ("cacheblend", 0.15),
+        ("cacheblend", 0.5),
+        ("epic", 0.15),
+        ("cachecraft", 0.15),
+    ],
+)
 def test_single_chunk_at_position_zero_needs_no_fix(
     checkpoint: Checkpoint, bare_template: PromptTemplate, qa_records: list[dict], mode: str, ratio: float
 ) -> None:

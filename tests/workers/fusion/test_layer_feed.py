@@ -11,12 +11,12 @@ from kvplane.store import TieredStore
 from workers.checkpoint import Checkpoint
 from workers.chunk_store import LocalChunkStore
 from workers.engine_base import BlendRequest
-from workers.torch_engine import TorchEngine
 from workers.fusion.layer_feed import EagerLoader, PipelinedLoader
 from workers.kv_cache import KVCache
 from workers.kvplane_store import KVPlaneChunkStore
 from workers.prompt import PromptLayout
 from workers.sampling import SamplingParams
+from workers.torch_engine import TorchEngine
 
 SHORT = SamplingParams(max_new_tokens=4)
 
@@ -138,4 +138,5 @@ def test_fusing_into_a_reused_dirty_cache_equals_a_fresh_one(checkpoint: Checkpo
     assert filled is reused and filled.data.data_ptr() == storage.data_ptr()
     assert torch.equal(filled.data, fresh.data)
     with pytest.raises(ValueError, match="cannot hold"):
-        engine.fuser.fuse(prompt, "cacheblend", 0.15, cache=KVCache(checkpoint.config, fresh.capacity - 1, fresh.data.dtype))
+        small = KVCache(checkpoint.config, fresh.capacity - 1, fresh.data.dtype)
+        engine.fuser.fuse(prompt, "cacheblend", 0.15, cache=small)

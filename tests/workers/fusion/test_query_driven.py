@@ -6,9 +6,8 @@ from workers.checkpoint import Checkpoint
 from workers.chunk_kv import ChunkLayers
 from workers.engine_base import BlendRequest
 from workers.evaluation.divergence import first_token_kl
-from workers.fusion.base import FusionOptions
 from workers.fusion.layout import BlendLayout
-from workers.fusion.query_driven import QueryDriven, QueryScoring, question_attention, select_tokens
+from workers.fusion.query_driven import QueryScoring, question_attention, select_tokens
 from workers.prompt import PromptLayout
 from workers.sampling import SamplingParams
 from workers.torch_engine import TorchEngine

@@ -12,7 +12,10 @@ from workers.kv_cache import KVCache
 from workers.prompt import PromptLayout
 from workers.runner import ModelRunner
 
-CHUNKS = ("Marie Curie was born in Warsaw and later moved to Paris. ", "She won two Nobel prizes, in physics and chemistry. ")
+CHUNKS = (
+    "Marie Curie was born in Warsaw and later moved to Paris. ",
+    "She won two Nobel prizes, in physics and chemistry. ",
+)
 QUESTION = "Where was Marie Curie born?"
 
 
