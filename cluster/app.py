@@ -15,14 +15,14 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from cluster.api_models import ApiError, ChatCompletionRequest, CompletionRequest
 from cluster.auth import KeyRing, check_exposure, load_api_keys
 from cluster.cluster_view import RayClusterView, ServeWorkers
 from cluster.config import ServeConfig, config_from_dict, config_to_dict
 from cluster.edge import Edge
 from cluster.gateway import Gateway
 from cluster.pinned_router import PinnedRequestRouter
-from cluster.responses import stream_error
+from cluster.request_models import ApiError, ChatCompletionRequest, CompletionRequest
+from cluster.response_writer import stream_error
 from cluster.worker_setup import start_worker
 from scheduler.autoscaling import AutoscalingPolicy, serve_autoscaling_config
 from scheduler.serve_policy import TtftWindow

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from cluster.api_models import ApiError
 from cluster.config_schema import ServerConfig, check_api_keys
+from cluster.request_models import ApiError
 
 _BEARER = "bearer "
 

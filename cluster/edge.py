@@ -4,10 +4,10 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from starlette.requests import ClientDisconnect, Request
 
-from cluster.api_models import ApiError
 from cluster.auth import KeyRing, check_json_content_type, load_api_keys
 from cluster.config import ServeConfig
 from cluster.config_schema import LimitsConfig, ServerConfig
+from cluster.request_models import ApiError
 from cluster.tenancy import TenantQuota, tenant_of
 
 DRAINING_RETRY_AFTER_S = 2

@@ -11,7 +11,12 @@ from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from cluster.api_models import (
+from cluster.cluster_view import ClusterView, Copies, WorkerClient
+from cluster.config import ServeConfig
+from cluster.kv_metrics import KVMetrics
+from cluster.metrics import ServeMetrics
+from cluster.prompting import PreparedRequest, check_context_length, check_served, prepare_request
+from cluster.request_models import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -19,13 +24,8 @@ from cluster.api_models import (
     check_model,
     parse_request,
 )
-from cluster.api_responses import ChatCompletion, Completion, DocumentsResponse, ModelCard, ModelList, StoredDocument
-from cluster.cluster_view import ClusterView, Copies, WorkerClient
-from cluster.config import ServeConfig
-from cluster.kv_metrics import KVMetrics
-from cluster.metrics import ServeMetrics
-from cluster.prompting import PreparedRequest, check_context_length, check_served, prepare_request
-from cluster.responses import ResponseFrame, collect, sse
+from cluster.response_models import ChatCompletion, Completion, DocumentsResponse, ModelCard, ModelList, StoredDocument
+from cluster.response_writer import ResponseFrame, collect, sse
 from kvplane.shard import SHARD_NAME_PREFIX
 from scheduler.admission import Admission, Rejected
 from scheduler.placement import worker_locations

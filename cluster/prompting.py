@@ -1,8 +1,8 @@
 """From a validated API request to the engine's BlendRequest, and the prompt checks that need token counts."""
 from dataclasses import dataclass
 
-from cluster.api_models import ApiError, ChatCompletionRequest, CompletionRequest
 from cluster.config import ServeConfig
+from cluster.request_models import ApiError, ChatCompletionRequest, CompletionRequest
 from workers.engine_base import BlendRequest, EngineLimits, RequestError, check_request
 from workers.sampling import SamplingParams
 

@@ -2,9 +2,9 @@
 from collections import defaultdict
 from collections.abc import Mapping
 
-from cluster.api_models import ApiError
 from cluster.auth import KeyRing
 from cluster.config_schema import TENANT_RULE, ServerConfig, is_tenant_name
+from cluster.request_models import ApiError
 
 TENANT_QUOTA_RETRY_AFTER_S = 1
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.api_models import ApiError
 from cluster.auth import AuthConfigError, KeyRing, check_exposure, check_json_content_type, is_loopback, load_api_keys
 from cluster.config_schema import ServerConfig
+from cluster.request_models import ApiError
 
 ACME, GLOBEX = "sk-acme-0001", "sk-globex-01"
 

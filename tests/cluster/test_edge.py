@@ -6,10 +6,10 @@ import json
 import pytest
 from starlette.requests import Request
 
-from cluster.api_models import ApiError
 from cluster.auth import KeyRing
 from cluster.config_schema import LimitsConfig, ServerConfig
 from cluster.edge import Edge
+from cluster.request_models import ApiError
 
 KEY = "sk-acme-0001"
 BODY = json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode()

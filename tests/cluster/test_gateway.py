@@ -5,9 +5,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cluster.api_models import ApiError, ChatCompletionRequest
 from cluster.config import ServeConfig
 from cluster.gateway import Gateway
+from cluster.request_models import ApiError, ChatCompletionRequest
 from scheduler.membership import Member, WorkerReport
 from workers.checkpoint import load_model_card
 from workers.default_model import prepare_default_model

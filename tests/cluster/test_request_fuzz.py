@@ -5,9 +5,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.api_models import ApiError, ChatCompletionRequest, CompletionRequest, DocumentsRequest, parse_request
 from cluster.config import LimitsConfig, ServeConfig
 from cluster.prompting import prepare_request
+from cluster.request_models import ApiError, ChatCompletionRequest, CompletionRequest, DocumentsRequest, parse_request
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMITS = LimitsConfig(max_request_body_bytes=65536)

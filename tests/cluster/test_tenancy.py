@@ -1,9 +1,9 @@
 """Tenant resolution (API key, trusted X-Tenant header, default) and the per-tenant quota of requests in flight."""
 import pytest
 
-from cluster.api_models import ApiError
 from cluster.auth import KeyRing
 from cluster.config_schema import ServerConfig
+from cluster.request_models import ApiError
 from cluster.tenancy import TenantQuota, tenant_of
 
 OPEN = ServerConfig()

@@ -1,4 +1,4 @@
-"""OpenAI-shaped responses and server-sent stream chunks from a worker's events."""
+"""Writes a worker's events as an OpenAI-shaped response: whole (collect) or as server-sent events (sse)."""
 import json
 import logging
 import time
@@ -6,8 +6,8 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from cluster.api_models import ApiError
-from cluster.api_responses import (
+from cluster.request_models import ApiError
+from cluster.response_models import (
     AssistantMessage,
     BlendStats,
     ChatChoice,

@@ -5,7 +5,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from cluster.api_models import (
+from cluster.config import LimitsConfig, ServeConfig, config_from_dict
+from cluster.prompting import PreparedRequest, check_context_length, prepare_request, truncate_at_stop
+from cluster.request_models import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -13,7 +15,7 @@ from cluster.api_models import (
     check_model,
     parse_request,
 )
-from cluster.api_responses import (
+from cluster.response_models import (
     BlendStats,
     ChatCompletion,
     ChatCompletionChunk,
@@ -22,8 +24,6 @@ from cluster.api_responses import (
     ModelList,
     Usage,
 )
-from cluster.config import LimitsConfig, ServeConfig, config_from_dict
-from cluster.prompting import PreparedRequest, check_context_length, prepare_request, truncate_at_stop
 from workers.sampling import SamplingParams
 
 LIMITS = LimitsConfig()

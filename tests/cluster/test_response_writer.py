@@ -3,8 +3,8 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
-from cluster.api_models import ApiError
-from cluster.responses import DONE, ResponseFrame, sse
+from cluster.request_models import ApiError
+from cluster.response_writer import DONE, ResponseFrame, sse
 from workers.worker import Event, Finished, TextDelta
 
 
