@@ -35,6 +35,7 @@ class ChunkLayers:
     num_layers: int
     base_position: int = 0
     source_tier: str = "computed"
+    impact: float | None = None  # the chunk's context impact as the store knows it from earlier uses, if any
 
     @property
     def num_tokens(self) -> int:

@@ -34,6 +34,9 @@ class FusionOptions:
     cci_reuse_below: float = 0.02
     cci_full_above: float = 0.6
     cci_sample_queries: int = 32
+    craft_stop_after: int | None = 2  # cachecraft: past this layer, chunks the question barely reads are reused
+    craft_focus_below: float = 0.5  # cachecraft: "barely": question-attention share < this x the chunk's token share
+    craft_stored_impact: bool = True  # cachecraft: a chunk's stored impact sets its share before the pass
     prefix_cache_blocks: int = 2048
     prefix_block_tokens: int = 16
     fallback_min_coverage: float = 0.0  # cacheblend: share of the check layer's deviation the kept set must hold
@@ -50,6 +53,9 @@ class FusionOptions:
         check(self.epic_tokens is None or self.epic_tokens >= 0, "epic_tokens", "an int >= 0 or null", self.epic_tokens)
         check(0.0 <= self.cci_reuse_below < self.cci_full_above <= 1.0, "cci_reuse_below, cci_full_above",
               "0 <= cci_reuse_below < cci_full_above <= 1", (self.cci_reuse_below, self.cci_full_above))
+        check(self.craft_stop_after is None or self.craft_stop_after >= 0, "craft_stop_after", "an int >= 0 or null",
+              self.craft_stop_after)
+        check(0.0 <= self.craft_focus_below <= 1.0, "craft_focus_below", "in [0, 1]", self.craft_focus_below)
         for name in ("cci_sample_queries", "prefix_cache_blocks", "prefix_block_tokens"):
             check_count(name, getattr(self, name), 1)
         check(

@@ -1,13 +1,41 @@
-"""Cache-Craft (Agarwal et al., SIGMOD'25): per-chunk Cache Context Impact picks reuse, selective or full recompute."""
+"""Cache-Craft (Agarwal et al., SIGMOD'25): per-chunk Cache Context Impact picks reuse, selective or full recompute.
+
+Three mechanisms, each switchable in FusionOptions:
+
+- chunk impact (CCI): at the first filter layer, the share of a chunk's attention that goes to the chunks
+  before it sets how much of it is recomputed (none below cci_reuse_below, all above cci_full_above, else a
+  share in proportion, its tokens ranked by KV deviation);
+- stored impact (craft_stored_impact): a chunk whose impact the store already holds (a running mean over
+  its earlier uses, ChunkLayers.impact) and needs no recompute is computed at no layer at all;
+- early termination (craft_stop_after): a scout runs the question over the cached context up to that layer;
+  past it, the chunks the question barely attends to keep their cached KV.
+
+Tokens whose cached KV is exact (BlendLayout.exact_end) are never recomputed.
+"""
 import math
+from dataclasses import dataclass
 
 import torch
 
 from workers.fusion.base import FusionMode
 from workers.fusion.cacheblend import step_deviation
 from workers.fusion.deviation import ratio_count
-from workers.fusion.layout import Segment
-from workers.fusion.selective_pass import LayerStep
+from workers.fusion.layer_feed import LayerFeed
+from workers.fusion.layout import BlendLayout, Segment
+from workers.fusion.query_driven import question_attention
+from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
+from workers.kv_cache import KVCache
+from workers.runner import ModelRunner
+
+
+@dataclass(slots=True)
+class CraftPlan:
+    """What the mode knows of one request's chunks before the pass."""
+
+    chunks: list[Segment]
+    stored: list[float | None]  # per chunk: its impact known before the pass (0 for exact chunks), else None
+    unfocused: torch.Tensor  # [kv_end] bool: reusable positions of chunks the question barely attends to
+    measured: dict[int, float]  # segment start -> impact measured online at the filter layer (filled by the pass)
 
 
 class CacheCraft(FusionMode):
@@ -15,39 +43,133 @@ class CacheCraft(FusionMode):
 
     name = "cachecraft"
 
-    def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
+    def prefill(
+        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+    ) -> PrefillResult:
+        """Plan from stored impacts and the question's scout, then the selective pass; reports measured impacts."""
+        if feed is None:
+            layout.load_cached(cache, runner.rerotate_keys)
+        plan = self.plan(runner, layout, cache, feed)
+        initial = self.initial_positions(layout, plan)
+        result = selective_prefill(runner, layout, cache, initial, lambda step: self._narrow(step, ratio, plan), feed)
+        result.chunk_impacts = dict(plan.measured)
+        return result
+
+    def plan(self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, feed: LayerFeed | None) -> CraftPlan:
+        """Stored impacts of the request's chunks and (early termination on) the chunks out of the question's focus."""
         opts = self.options
-        if step.layer != opts.filter_layers[0]:
+        chunks = layout.chunk_segments()
+        exact = layout.exact_end()
+        stored: list[float | None] = [
+            0.0 if seg.end <= exact else (seg.cached.impact if opts.craft_stored_impact and seg.cached else None)
+            for seg in chunks
+        ]
+        unfocused = torch.zeros(layout.kv_end, dtype=torch.bool)
+        if opts.craft_stop_after is not None and layout.question is not None and chunks:
+            last = min(opts.craft_stop_after, runner.config.num_layers - 1)
+            focus = chunk_focus(question_attention(runner, layout, cache, feed, last, None), chunks)
+            for seg, share in zip(chunks, focus.tolist()):
+                if share < opts.craft_focus_below:
+                    unfocused[seg.start : min(seg.end, layout.kv_end)] = True
+            unfocused &= ~layout.forced
+        return CraftPlan(chunks, stored, unfocused, {})
+
+    def initial_positions(self, layout: BlendLayout, plan: CraftPlan) -> torch.Tensor:
+        """Every position but the exact ones and those of chunks whose stored impact needs no recompute. # [S]"""
+        skip = torch.zeros(layout.kv_end, dtype=torch.bool)
+        skip[: layout.exact_end()] = True
+        for seg, impact in zip(plan.chunks, plan.stored):
+            if impact is not None and impact < self.options.cci_reuse_below:
+                skip[seg.start : min(seg.end, layout.kv_end)] = True
+        return (~skip | layout.forced).nonzero().squeeze(1)
+
+    def _narrow(self, step: LayerStep, ratio: float, plan: CraftPlan) -> torch.Tensor | None:
+        opts = self.options
+        alive = torch.zeros(step.layout.kv_end, dtype=torch.bool)
+        alive[step.positions] = True
+        before = int(alive.sum())
+        if step.layer == opts.filter_layers[0]:
+            alive &= self._select(step, ratio, plan)
+        if step.layer == opts.craft_stop_after:
+            alive &= ~plan.unfocused
+        if int(alive.sum()) == before:
             return None
-        if len(step.positions) != step.layout.kv_end:
-            raise ValueError("cachecraft needs every token recomputed up to its first filter layer")
-        chunks = step.layout.chunk_segments()
-        keep = step.layout.forced.clone()
-        if not chunks:
-            return keep.nonzero().squeeze(1)
-        impact = chunk_context_impact(step.q, step.k, chunks, opts.cci_sample_queries)
-        deviation = step_deviation(step, opts.deviation_metric)
-        mean_impact = float(impact.mean()) or 1.0
-        for seg, cci in zip(chunks, impact.tolist()):
+        return alive[step.positions].nonzero().squeeze(1)
+
+    def _select(self, step: LayerStep, ratio: float, plan: CraftPlan) -> torch.Tensor:
+        """Positions kept past the filter layer: forced ones plus each chunk's share by its impact. # [kv_end] bool"""
+        opts = self.options
+        layout = step.layout
+        keep = layout.forced.clone()
+        present = torch.zeros(layout.kv_end, dtype=torch.bool)
+        present[step.positions] = True
+        online = [i for i, seg in enumerate(plan.chunks) if bool(present[seg.start : seg.end].all())]
+        if not online:
+            return keep
+        q, k = full_layer_qk(step)
+        measured = chunk_context_impact(q, k, plan.chunks, opts.cci_sample_queries, online)
+        impacts = [float(measured[i]) if i in online else plan.stored[i] for i in range(len(plan.chunks))]
+        for i in online:
+            plan.measured[plan.chunks[i].start] = impacts[i]
+        known = [x for x in impacts if x is not None]
+        mean_impact = (sum(known) / len(known)) or 1.0
+        deviation = torch.zeros(layout.kv_end)
+        deviation[step.positions] = step_deviation(step, opts.deviation_metric)
+        for i in online:
+            seg, cci = plan.chunks[i], impacts[i]
             if cci < opts.cci_reuse_below:
                 continue
             chunk_ratio = 1.0 if cci >= opts.cci_full_above else min(1.0, ratio * cci / mean_impact)
             top = torch.topk(deviation[seg.start : seg.end], ratio_count(chunk_ratio, seg.num_tokens)).indices
             keep[seg.start + top] = True
-        return keep.nonzero().squeeze(1)
+        return keep
 
 
-def chunk_context_impact(q: torch.Tensor, k: torch.Tensor, chunks: list[Segment], num_queries: int) -> torch.Tensor:
+def full_layer_qk(step: LayerStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries (zero where not computed) and keys (cached where not computed) of every position at the step's layer.
+
+    -> q [kv_end, H, D], k [kv_end, H_kv, D]
+    """
+    kv_end = step.layout.kv_end
+    on = step.positions.to(step.q.device)
+    k = step.cache.data[step.layer, 0, :kv_end].clone()
+    k[on] = step.k.to(k.dtype)
+    q = torch.zeros(kv_end, *step.q.shape[1:], dtype=step.q.dtype, device=step.q.device)
+    q[on] = step.q
+    return q, k
+
+
+def chunk_focus(attention: torch.Tensor, chunks: list[Segment]) -> torch.Tensor:
+    """Per chunk, its share of the question's attention to the chunks over its share of their tokens (1: even).
+
+    Each layer's attention is normalised over the chunks' positions before the layers are added.
+    attention: [L, N] (the question's attention to each position at each layer) -> [C]
+    """
+    inside = torch.zeros(attention.shape[1], dtype=torch.bool)
+    for seg in chunks:
+        inside[seg.start : seg.end] = True
+    per_layer = attention / attention[:, inside].sum(dim=1, keepdim=True).clamp_min(1e-30)  # [L, N]
+    total = per_layer.sum(dim=0)  # [N]
+    mass = torch.stack([total[seg.start : seg.end].sum() for seg in chunks])  # [C]
+    tokens = torch.tensor([float(seg.num_tokens) for seg in chunks])  # [C]
+    return (mass / mass.sum().clamp_min(1e-30)) / (tokens / tokens.sum())
+
+
+def chunk_context_impact(
+    q: torch.Tensor, k: torch.Tensor, chunks: list[Segment], num_queries: int, only: list[int] | None = None
+) -> torch.Tensor:
     """Per chunk, the share of its tokens' attention that goes to the chunks before it rather than to itself.
 
     Only other chunks count as inter-chunk context: the prompt prefix (and the attention sink at position 0)
     counts for neither side, since a chunk's cached KV was computed after it, so the first chunk scores 0.
-    q: [N, H, D], k: [N, H_kv, D] fresh at one layer for all N tokens -> [C]
+    `only`: the chunk indices to score (all by default; the others are NaN).
+    q: [N, H, D], k: [N, H_kv, D] at one layer for all N tokens -> [C]
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     k = k.float().repeat_interleave(num_heads // k.shape[1], dim=1)  # [N, H, D]
-    impacts = []
-    for index, seg in enumerate(chunks):
+    impacts = torch.full((len(chunks),), float("nan"))
+    for index in range(len(chunks)) if only is None else only:
+        seg = chunks[index]
         rows = torch.linspace(seg.start, seg.end - 1, min(num_queries, seg.num_tokens)).round().long()  # [S]
         scores = torch.einsum("shd,nhd->hsn", q[rows.to(q.device)].float(), k[: seg.end]) / math.sqrt(head_dim)
         later = torch.arange(seg.end)[None, None, :] > rows[None, :, None]  # [1, S, seg.end]
@@ -58,5 +180,5 @@ def chunk_context_impact(q: torch.Tensor, k: torch.Tensor, chunks: list[Segment]
             other[earlier.start : earlier.end] = True
         inter = probs[..., other.to(probs.device)].sum(-1)
         intra = probs[..., seg.start :].sum(-1)
-        impacts.append(float((inter / (inter + intra).clamp_min(1e-9)).mean()))
-    return torch.tensor(impacts)
+        impacts[index] = float((inter / (inter + intra).clamp_min(1e-9)).mean())
+    return impacts

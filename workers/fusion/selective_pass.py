@@ -1,6 +1,6 @@
 """The one forward pass every fusion mode runs: recompute a shrinking token set layer by layer over cached KV."""
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,7 @@ class PrefillResult:
     num_context_tokens: int
     num_layers: int
     recompute_ratio: float | None = None  # the ratio the mode ended up using, when it raised the one asked for
+    chunk_impacts: dict[int, float] = field(default_factory=dict)  # segment start -> impact the mode measured
 
     @property
     def recomputed_fraction(self) -> float:

@@ -1,8 +1,15 @@
-"""Cache-Craft's chunk context impact counts attention to other chunks only (pure function)."""
+"""Cache-Craft: chunk context impact, the question's focus, and early termination on the real model (float32)."""
+import pytest
 import torch
 
-from workers.fusion.cachecraft import chunk_context_impact
-from workers.fusion.layout import CHUNK, Segment
+from workers.checkpoint import Checkpoint
+from workers.chunk_kv import ChunkLayers
+from workers.fusion.base import FusionOptions
+from workers.fusion.cachecraft import CacheCraft, CraftPlan, chunk_context_impact, chunk_focus
+from workers.fusion.layout import CHUNK, BlendLayout, Segment
+from workers.fusion.selective_pass import LayerStep
+from workers.prompt import PromptLayout
+from workers.torch_engine import TorchEngine
 
 
 def _keys(prefix: float, first: float, second: float) -> torch.Tensor:
@@ -28,3 +35,52 @@ def test_attention_to_an_earlier_chunk_is_inter() -> None:
     # equal keys: a query of the second chunk at offset i sees 4 earlier-chunk keys and i + 1 of its own
     expected = sum(4 / (4 + i + 1) for i in range(4)) / 4
     assert torch.isclose(impact[1], torch.tensor(expected), atol=1e-5)
+
+
+def test_focus_is_the_attention_share_over_the_token_share() -> None:
+    chunks = [Segment(2, 6, CHUNK), Segment(6, 8, CHUNK)]
+    attention = torch.zeros(2, 10)
+    attention[:, 0] = 5.0  # the sink: not a chunk, left out
+    attention[0, 2:6], attention[0, 6:8] = 0.1, 0.2  # layer 0: 0.4 vs 0.4
+    attention[1, 2:6], attention[1, 6:8] = 0.0, 1.0  # layer 1: all on the second chunk (counts as much as layer 0)
+    focus = chunk_focus(attention, chunks)
+    # shares of attention 0.25 and 0.75 against token shares 2/3 and 1/3
+    torch.testing.assert_close(focus, torch.tensor([0.25 / (2 / 3), 0.75 / (1 / 3)]))
+
+
+def test_past_the_stop_layer_only_chunks_out_of_focus_are_dropped() -> None:
+    prompt = PromptLayout([1] * 4, [[2] * 4, [3] * 4, [5] * 4], [4] * 2)  # chunks at 4, 8, 12; question 16-18
+    cached = [ChunkLayers(ids, iter(()), 1, base_position=4) for ids in prompt.chunk_ids]
+    layout = BlendLayout.build(prompt, cached, ChunkLayers([1] * 4, iter(()), 1))
+    unfocused = torch.zeros(18, dtype=torch.bool)
+    unfocused[8:12] = True  # the second chunk
+    plan = CraftPlan(layout.chunk_segments(), [0.0, 0.3, 0.3], unfocused, {})
+    craft = CacheCraft(FusionOptions(craft_stop_after=2))
+    positions = torch.tensor([9, 10, 13, 16, 17])  # what the filter layer kept
+    step = lambda layer: LayerStep(layer, positions, *[torch.zeros(5, 1, 2)] * 3, None, layout)  # noqa: E731
+    assert craft._narrow(step(3), 0.15, plan) is None  # not the stop layer: nothing changes
+    assert positions[craft._narrow(step(2), 0.15, plan)].tolist() == [13, 16, 17]
+
+
+@pytest.mark.slow
+def test_early_termination_stops_recomputing_chunks_out_of_focus(
+    checkpoint: Checkpoint, qa_records: list[dict]
+) -> None:
+    engine = TorchEngine.from_checkpoint(checkpoint)
+    runner = engine.fuser.runner
+    for name, stop, below in (("off", None, 0.8), ("on", 2, 0.8), ("nothing_out", 2, 0.0)):
+        engine.fuser.modes[name] = CacheCraft(FusionOptions(craft_stop_after=stop, craft_focus_below=below))
+    record = qa_records[0]
+    prompt = engine.fuser.layout(record["documents"], record["question"])
+    engine.fuser.precompute(prompt)
+    fused = {name: engine.fuser.fuse(prompt, name, 0.15) for name in ("off", "on", "nothing_out")}
+    reused = engine.fuser.fuse(prompt, "full_reuse", 0.0)  # the cached context in place, as the scout sees it
+    plan = engine.fuser.modes["on"].plan(runner, reused.layout, reused.cache, None)
+    out = [seg for seg in plan.chunks if bool(plan.unfocused[seg.start : seg.end].any())]
+    assert 0 < len(out) < len(plan.chunks)  # the question reads the last chunk most (focus 0.52, 0.75, 1.46)
+    # past layer 2 the chunks out of focus are dropped: less work, and nothing changes without any
+    work = {name: f.prefill.recomputed_token_layers for name, f in fused.items()}
+    assert work["on"] < work["off"] == work["nothing_out"]
+    torch.testing.assert_close(fused["nothing_out"].prefill.last_hidden, fused["off"].prefill.last_hidden)
+    assert fused["on"].prefill.chunk_impacts == fused["off"].prefill.chunk_impacts  # measured at layer 1 either way
+    assert len(fused["on"].prefill.chunk_impacts) == 2  # the first chunk is exact: neither computed nor measured
