@@ -156,6 +156,14 @@ class TieredStore:
             return named
         return next((index for index, level in enumerate(self._levels) if level.label_of(key) == tier), 0)
 
+    def note_impact(self, key: str, impact: float) -> None:
+        """A chunk's context impact, for the tiers whose policy weighs it (impact_tinylfu); others ignore it."""
+        for level in self._levels:
+            note = getattr(level.policy, "note_impact", None)
+            if note is not None:
+                with level.lock:
+                    note(key, impact)
+
     def locate(self, key: str) -> str | None:
         """Name of the fastest tier holding `key`, or None."""
         return next((level.name for level in self._levels if level.holds(key)), None)

@@ -2,6 +2,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workers.chunk_impact import stored_impact
 from workers.chunk_kv import ChunkLayers
 from workers.chunk_store import ChunkStore, read_chunk_layers
 from workers.fusion.layout import BlendLayout
@@ -34,7 +35,8 @@ def lookup_layout(
     """Open every cached part (prefix and chunks); with a controller, from its chosen tier or not at all.
 
     `context_of(is_prefix)` gives the ids a part's KV was computed after; the request's ratio is the
-    controller's floor for this request; the pass computes KV for the first `kv_end` tokens (None: all).
+    controller's floor for this request; the pass computes KV for the first `kv_end` tokens (None: all). Each
+    opened chunk carries its stored context impact, where the store keeps one.
     """
     kv_end = len(prompt.token_ids) if kv_end is None else kv_end
     parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
@@ -64,6 +66,10 @@ def lookup_layout(
         else read_chunk_layers(store, ids, context_of(index == PREFIX_INDEX), namespace, tiers[index])
         for index, ids in parts
     }
+    for index, ids in parts:
+        layers = opened[index]
+        if layers is not None and index != PREFIX_INDEX:
+            layers.impact = stored_impact(store, ids, context_of(False), namespace)
     layout = BlendLayout.build(
         prompt,
         [opened[index] for index in range(len(prompt.chunk_ids))],

@@ -4,6 +4,7 @@ from typing import Protocol
 
 import xxhash
 
+from workers.chunk_impact import ImpactBook
 from workers.chunk_kv import ChunkKV, ChunkLayers
 
 DEFAULT_NAMESPACE = "default"
@@ -50,10 +51,11 @@ def read_chunk_layers(
 
 
 class LocalChunkStore:
-    """An unbounded in-process store keyed by namespace and the exact token ids."""
+    """An unbounded in-process store keyed by namespace and the exact token ids, with each chunk's impact."""
 
     def __init__(self) -> None:
         self.entries: dict[tuple[str, tuple[int, ...], tuple[int, ...]], ChunkKV] = {}
+        self.impacts = ImpactBook()
 
     def get(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> ChunkKV | None:
         found = self.entries.get((namespace, tuple(context_ids), tuple(token_ids)))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from kvplane.layer_stream import ChunkLost
+from workers.chunk_impact import record_impact
 from workers.chunk_kv import compute_chunk_kv
 from workers.chunk_lookup import LookupResult, lookup_layout
 from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore
@@ -169,7 +170,18 @@ class Fuser:
         with self.loader.start(lookup.layout, cache, self.runner.rerotate_keys, observe) as feed:
             prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.ratio, feed)
         used = lookup.ratio if prefill.recompute_ratio is None else prefill.recompute_ratio
+        self._record_impacts(prompt, lookup.layout, prefill, namespace)
         return FusedPrompt(cache, prefill, lookup.layout, mode, used)
+
+    def _record_impacts(
+        self, prompt: PromptLayout, layout: BlendLayout, prefill: PrefillResult, namespace: str
+    ) -> None:
+        """Fold the chunk impacts the mode measured into the store's running means."""
+        context = self._context_ids(False, prompt)
+        for seg in layout.chunk_segments():
+            if seg.start in prefill.chunk_impacts:
+                ids = layout.token_ids[seg.start : seg.end].tolist()
+                record_impact(self.store, ids, context, namespace, prefill.chunk_impacts[seg.start])
 
     def _lookup(
         self, prompt: PromptLayout, reads_cache: bool, namespace: str, ratio: float, kv_end: int

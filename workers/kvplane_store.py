@@ -4,6 +4,7 @@ import xxhash
 from kvplane.entry import KVEntry
 from kvplane.keys import chunk_key
 from kvplane.store import TieredStore
+from workers.chunk_impact import ImpactBook
 from workers.chunk_kv import ChunkKV, ChunkLayers
 from workers.chunk_store import DEFAULT_NAMESPACE
 
@@ -17,11 +18,20 @@ def chunk_store_key(fingerprint: str, namespace: str, token_ids: list[int], cont
 
 
 class KVPlaneChunkStore:
-    """The engine's ChunkStore over a TieredStore: RAM, SSD and object tiers, misses written back."""
+    """The engine's ChunkStore over a TieredStore: RAM, SSD and object tiers, misses written back.
+
+    Each chunk's context impact is kept beside it (`impacts`, this worker's uses) and handed to the tiers'
+    policies, so one that weighs impact (impact_tinylfu) keeps the chunks that save the most.
+    """
 
     def __init__(self, store: TieredStore, fingerprint: str) -> None:
         self.store = store
         self.fingerprint = fingerprint
+        self.impacts = ImpactBook()
+
+    def note_impact(self, key: str, impact: float) -> None:
+        """Tell the tiers' policies a chunk's mean impact so far."""
+        self.store.note_impact(key, impact)
 
     def key(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> str:
         """The key this store files the chunk under."""
