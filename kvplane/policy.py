@@ -2,6 +2,7 @@
 from collections.abc import Callable
 from typing import Protocol
 
+from kvplane.impact_lfu import ImpactTinyLFUPolicy
 from kvplane.lru import LRUPolicy
 from kvplane.passthrough import PassthroughPolicy
 from kvplane.tenant_share import TenantSharePolicy
@@ -27,6 +28,7 @@ class EvictionPolicy(Protocol):
 POLICIES: dict[str, Callable[[int], EvictionPolicy]] = {
     "lru": LRUPolicy,
     "tinylfu": TinyLFUPolicy,
+    "impact_tinylfu": ImpactTinyLFUPolicy,
     "passthrough": PassthroughPolicy,
 }
 

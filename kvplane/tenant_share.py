@@ -43,6 +43,12 @@ class TenantSharePolicy:
             self._remember(key, nbytes)
         return own + victims
 
+    def note_impact(self, key: str, impact: float) -> None:
+        """Pass a chunk's context impact on to the inner policy, where it weighs impacts."""
+        note = getattr(self._inner, "note_impact", None)
+        if note is not None:
+            note(key, impact)
+
     def touch(self, key: str) -> None:
         """Record a read."""
         self._inner.touch(key)
