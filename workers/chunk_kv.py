@@ -36,6 +36,7 @@ class ChunkLayers:
     base_position: int = 0
     source_tier: str = "computed"
     impact: float | None = None  # the chunk's context impact as the store knows it from earlier uses, if any
+    variant_score: float = 0.0  # read from a variant: how well its preceding chunks fit the request's (0: base KV)
 
     @property
     def num_tokens(self) -> int:

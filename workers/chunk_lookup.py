@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from workers.chunk_impact import stored_impact
 from workers.chunk_kv import ChunkLayers
 from workers.chunk_store import ChunkStore, read_chunk_layers
+from workers.chunk_variants import VariantIndex, chunk_keys
 from workers.fusion.layout import BlendLayout
 from workers.load_plan import ChunkPlacement, LoadingPlan
 from workers.loading_controller import LoadingController
@@ -31,12 +32,14 @@ def lookup_layout(
     controller: LoadingController | None = None,
     layer_bytes_per_token: int = 0,
     kv_end: int | None = None,
+    variants: VariantIndex | None = None,
 ) -> LookupResult:
     """Open every cached part (prefix and chunks); with a controller, from its chosen tier or not at all.
 
     `context_of(is_prefix)` gives the ids a part's KV was computed after; the request's ratio is the
     controller's floor for this request; the pass computes KV for the first `kv_end` tokens (None: all). Each
-    opened chunk carries its stored context impact, where the store keeps one.
+    opened chunk carries its stored context impact, where the store keeps one. With `variants`, a chunk is read
+    from its best-fitting variant where one fits well enough.
     """
     kv_end = len(prompt.token_ids) if kv_end is None else kv_end
     parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
@@ -68,8 +71,12 @@ def lookup_layout(
     }
     for index, ids in parts:
         layers = opened[index]
-        if layers is not None and index != PREFIX_INDEX:
-            layers.impact = stored_impact(store, ids, context_of(False), namespace)
+        if layers is None or index == PREFIX_INDEX:
+            continue
+        if variants is not None:
+            layers = open_variant(store, prompt, index, context_of(False), namespace, variants) or layers
+        layers.impact = stored_impact(store, ids, context_of(False), namespace)
+        opened[index] = layers
     layout = BlendLayout.build(
         prompt,
         [opened[index] for index in range(len(prompt.chunk_ids))],
@@ -78,3 +85,19 @@ def lookup_layout(
         kv_end,
     )
     return LookupResult(layout, ratio, plan)
+
+
+def open_variant(
+    store: ChunkStore, prompt: PromptLayout, index: int, base_context: list[int], namespace: str,
+    variants: VariantIndex,
+) -> ChunkLayers | None:
+    """Chunk `index` read from the variant that best fits the chunks before it here, if one fits and is still held."""
+    keys = chunk_keys(store, prompt.chunk_ids[: index + 1], base_context, namespace)
+    found = variants.best(keys[index], keys[:index])
+    if found is None:
+        return None
+    variant, score = found
+    layers = read_chunk_layers(store, prompt.chunk_ids[index], list(variant.context_ids), namespace)
+    if layers is not None:
+        layers.variant_score = score
+    return layers

@@ -70,6 +70,10 @@ class LocalChunkStore:
     def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         self.entries[(namespace, tuple(context_ids), tuple(chunk.token_ids))] = chunk
 
+    def delete(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Drop the chunk (a variant no longer indexed)."""
+        self.entries.pop((namespace, tuple(context_ids), tuple(token_ids)), None)
+
     def tiers_of(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> list[str]:
         return [LOCAL_TIER] if (namespace, tuple(context_ids), tuple(token_ids)) in self.entries else []
 

@@ -10,6 +10,7 @@ from workers.chunk_impact import record_impact
 from workers.chunk_kv import compute_chunk_kv
 from workers.chunk_lookup import LookupResult, lookup_layout
 from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore
+from workers.chunk_variants import Variant, VariantIndex, chunk_keys
 from workers.engine_base import StoredChunk
 from workers.fusion.base import FusionMode, FusionOptions
 from workers.fusion.full_prefill import FullPrefill
@@ -58,7 +59,8 @@ class Fuser:
 
     With a `controller`, each request's ratio and per-chunk tier or recompute follow its plan. With
     `blending_refused` (the canary gate failed), every mode that reads cached chunks serves full prefill.
-    `modes`: the registry requests choose from by name (every registered mode by default).
+    `modes`: the registry requests choose from by name (every registered mode by default). With `variants`,
+    chunks are read from their best-fitting variant, and write-back makes variants where they would pay off.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class Fuser:
         controller: LoadingController | None = None,
         blending_refused: str | None = None,
         modes: Mapping[str, FusionMode] | None = None,
+        variants: VariantIndex | None = None,
     ) -> None:
         if chunk_context not in CHUNK_CONTEXTS:
             raise ValueError(f"chunk_context must be one of {CHUNK_CONTEXTS}, got {chunk_context!r}")
@@ -88,6 +91,7 @@ class Fuser:
             full = FullPrefill(options)
             modes = {name: full if mode.reads_chunk_cache else mode for name, mode in modes.items()}
         self.modes = modes
+        self.variants = variants
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -161,6 +165,24 @@ class Fuser:
             if _missed(seg):
                 ids = fused.layout.token_ids[seg.start : seg.end].tolist()
                 self._store(ids, seg.kind == PREFIX, prompt, namespace)
+        if self.variants is not None:
+            self._make_variants(fused, prompt, namespace, self.variants)
+
+    def _make_variants(self, fused: FusedPrompt, prompt: PromptLayout, namespace: str, variants: VariantIndex) -> None:
+        """Store, for each chunk the context reached strongly here, its KV computed after this request's context."""
+        base = self._context_ids(False, prompt)
+        keys = chunk_keys(self.store, prompt.chunk_ids, base, namespace)
+        start = len(prompt.prefix_ids)
+        for index, ids in enumerate(prompt.chunk_ids):
+            impact = fused.prefill.chunk_impacts.get(start)
+            if impact is not None and variants.worth_creating(keys[index], keys[:index], impact):
+                context = prompt.prefix_ids + [t for chunk in prompt.chunk_ids[:index] for t in chunk]
+                self.store.put(compute_chunk_kv(self.runner, ids, context), context, namespace)
+                dropped = variants.add(keys[index], Variant(tuple(keys[:index]), tuple(context)))
+                delete = getattr(self.store, "delete", None)
+                if dropped is not None and delete is not None:
+                    delete(ids, list(dropped.context_ids), namespace)
+            start += len(ids)
 
     def _fuse_once(
         self, prompt: PromptLayout, mode: FusionMode, ratio: float, cache: KVCache, namespace: str, kv_end: int
@@ -199,6 +221,7 @@ class Fuser:
             self.controller,
             layer_bytes_per_token,
             kv_end,
+            self.variants,
         )
 
     def _context_ids(self, is_prefix: bool, prompt: PromptLayout) -> list[int]:

@@ -58,6 +58,10 @@ class KVPlaneChunkStore:
         key = self.key(chunk.token_ids, context_ids, namespace)
         self.store.put(KVEntry(key, chunk.kv.contiguous(), list(chunk.token_ids), self.fingerprint))
 
+    def delete(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Drop the chunk from every tier (a variant no longer indexed)."""
+        self.store.delete(self.key(token_ids, context_ids, namespace))
+
     def tiers_of(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> list[str]:
         """The tiers holding the chunk, fastest first."""
         return self.store.tiers_holding(self.key(token_ids, context_ids, namespace))

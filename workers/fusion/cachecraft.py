@@ -8,7 +8,9 @@ Three mechanisms, each switchable in FusionOptions:
 - stored impact (craft_stored_impact): a chunk whose impact the store already holds (a running mean over
   its earlier uses, ChunkLayers.impact) and needs no recompute is computed at no layer at all;
 - early termination (craft_stop_after): a scout runs the question over the cached context up to that layer;
-  past it, the chunks the question barely attends to keep their cached KV.
+  past it, the chunks the question barely attends to keep their cached KV;
+- variants (workers/chunk_variants.py, when the Fuser keeps them): a chunk read from a variant computed after
+  preceding chunks that overlap this request's by a score s counts its impact x (1 - s).
 
 Tokens whose cached KV is exact (BlendLayout.exact_end) are never recomputed.
 """
@@ -116,7 +118,9 @@ class CacheCraft(FusionMode):
         deviation = torch.zeros(layout.kv_end)
         deviation[step.positions] = step_deviation(step, opts.deviation_metric)
         for i in online:
-            seg, cci = plan.chunks[i], impacts[i]
+            seg, measured_cci = plan.chunks[i], impacts[i]
+            fit = seg.cached.variant_score if seg.cached is not None else 0.0
+            cci = measured_cci * (1.0 - fit)  # a variant computed after much of this context already carries it
             if cci < opts.cci_reuse_below:
                 continue
             chunk_ratio = 1.0 if cci >= opts.cci_full_above else min(1.0, ratio * cci / mean_impact)
