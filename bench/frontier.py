@@ -9,6 +9,7 @@ skips the records already there, so a crash or a stop loses at most one record. 
 import argparse
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,27 @@ from workers.dtype import AUTO, DTYPE_CHOICES, measured_on  # noqa: E402
 from workers.evaluation.dataset import load_records  # noqa: E402
 from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine  # noqa: E402
 from workers.evaluation.evaluate import REFERENCE_MODE, EvalRun, RecordScore, evaluate, score_row, summarise  # noqa: E402
-from workers.fusion.base import FusionOptions  # noqa: E402
+from workers.fusion.base import FusionMode, FusionOptions  # noqa: E402
+from workers.fusion.cachecraft import CacheCraft  # noqa: E402
+from workers.fusion.registry import make_fusion_modes  # noqa: E402
 
 DEFAULT_MODES = "full_reuse,epic,cacheblend,cachecraft,query_driven"
 DEFAULT_RATIOS = "0.05,0.1,0.15,0.2,0.3,0.5"
 RATIO_FREE = {"full_reuse"}  # modes that recompute nothing whatever the ratio: run once
+# Cache-Craft's ablation (issue 19); "cachecraft" itself has both: early termination and stored impacts.
+CACHECRAFT_VARIANTS: dict[str, dict[str, Any]] = {
+    "cachecraft_neither": {"craft_stop_after": None, "craft_stored_impact": False},  # chunk impact at layer 1 only
+    "cachecraft_stop": {"craft_stored_impact": False},  # + early termination of chunks out of the question's focus
+    "cachecraft_stored": {"craft_stop_after": None},  # + impacts stored from earlier uses
+}
+
+
+def modes_with_variants(options: FusionOptions) -> dict[str, FusionMode]:
+    """Every registered mode, plus the Cache-Craft variants built from `options`."""
+    modes = make_fusion_modes(options)
+    for name, changes in CACHECRAFT_VARIANTS.items():
+        modes[name] = CacheCraft(replace(options, **changes))
+    return modes
 
 
 def frontier_runs(modes: list[str], ratios: list[float]) -> list[EvalRun]:
@@ -86,6 +103,8 @@ def main() -> None:
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
     parser.add_argument("--summarise-only", action="store_true", help="only summarise the rows already written")
+    parser.add_argument("--cachecraft-variants", action="store_true",
+                        help="also offer the Cache-Craft ablation modes (CACHECRAFT_VARIANTS)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     modes = [m for m in args.modes.split(",") if m]
@@ -95,7 +114,9 @@ def main() -> None:
     todo = [(record, [run for run in runs if (record.id, run.label) not in done]) for record in records]
     todo = [(record, missing) for record, missing in todo if missing]
     if todo and not args.summarise_only:
-        access = load_eval_engine(args.engine, model=args.model, dtype=args.dtype, options=FusionOptions())
+        options = FusionOptions()
+        variants = modes_with_variants(options) if args.cachecraft_variants else None
+        access = load_eval_engine(args.engine, model=args.model, dtype=args.dtype, options=options, modes=variants)
         args.rows.parent.mkdir(parents=True, exist_ok=True)
         with args.rows.open("a") as handle:
             for index, (record, missing) in enumerate(todo):

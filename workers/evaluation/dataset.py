@@ -15,7 +15,10 @@ class QARecord:
 
 
 def load_records(path: Path, limit: int | None = None, offset: int = 0) -> list[QARecord]:
-    """`limit` records after the first `offset`; a document is its title line (when there is one) and its text."""
+    """`limit` records after the first `offset`; a document is its title line (when there is one) and its text.
+
+    Also reads a workload's request stream (docs/results/workloads/*.jsonl: `documents` as text, `answers`).
+    """
     records = []
     with open(path) as handle:
         for index, line in enumerate(handle):
@@ -24,6 +27,9 @@ def load_records(path: Path, limit: int | None = None, offset: int = 0) -> list[
             if index < offset:
                 continue
             raw = json.loads(line)
-            docs = [f"{c['title']}\n{c['text']}" if c.get("title") else c["text"] for c in raw["ctxs"]]
+            if "ctxs" in raw:
+                docs = [f"{c['title']}\n{c['text']}" if c.get("title") else c["text"] for c in raw["ctxs"]]
+            else:  # a request stream of bench/workloads.py: documents already as text
+                docs = list(raw["documents"])
             records.append(QARecord(str(raw["id"]), raw["question"], list(raw["answers"]), docs))
     return records

@@ -1,4 +1,6 @@
 """Reading the shared QA files: limits, offsets, and documents with their titles."""
+from pathlib import Path
+
 from tests.workers.conftest import DATA_DIR
 from workers.evaluation.dataset import load_records
 
@@ -15,3 +17,10 @@ def test_titled_documents_start_with_their_title() -> None:
     record = load_records(DATA_DIR / "hotpotqa_hipporag.dev.jsonl", limit=1)[0]
     assert record.documents[0].startswith("Demon Dice\nDemon Dice, originally published")
     assert record.answers == ["a spirit"] and len(record.documents) == 10
+
+
+def test_a_workload_request_stream_reads_as_records() -> None:
+    path = Path(__file__).resolve().parents[3] / "docs" / "results" / "workloads" / "2wiki_k8.jsonl"
+    record = load_records(path, limit=1)[0]
+    assert len(record.documents) == 8 and record.documents[0].startswith("Sarah Silverman: Jesus Is Magic\n")
+    assert "United States" in record.answers
