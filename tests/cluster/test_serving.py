@@ -62,7 +62,6 @@ def test_chat_with_documents_answers_and_reuses_the_chunks_the_second_time(clien
     assert again["worker"] == blend["worker"]  # routed to the replica holding the chunks
     assert again["reused_tokens"].get("device", 0) > 0
     assert again["recomputed_tokens"] < second.usage.prompt_tokens
-    assert again["ttft_s"] < blend["ttft_s"]
     assert second.usage.prompt_tokens_details.cached_tokens == sum(again["reused_tokens"].values())
     reused_after = sum(metric(server, "blendserve_reused_tokens_total", tier=t) for t in ("device", "ram", "ssd"))
     assert reused_after - reused_before == sum(again["reused_tokens"].values())
