@@ -6,7 +6,10 @@ Three mechanisms, each switchable in FusionOptions:
   before it sets how much of it is recomputed (none below cci_reuse_below, all above cci_full_above, else a
   share in proportion, its tokens ranked by KV deviation);
 - stored impact (craft_stored_impact): a chunk whose impact the store already holds (a running mean over
-  its earlier uses, ChunkLayers.impact) and needs no recompute is computed at no layer at all;
+  its earlier uses, ChunkLayers.impact) and needs no recompute is computed at no layer at all; when every
+  chunk's impact is stored, the plan is made up front: no layer is computed for every token, each chunk's
+  share follows its stored impact and its tokens are the spans the question reads most (a scout over all
+  layers, as query_driven's); such a pass measures no impact, so the stored means are not refined by it;
 - early termination (craft_stop_after): a scout runs the question over the cached context up to that layer;
   past it, the chunks the question barely attends to keep their cached KV;
 - variants (workers/chunk_variants.py, when the Fuser keeps them): a chunk read from a variant computed after
@@ -21,7 +24,7 @@ import torch
 
 from workers.fusion.base import FusionMode
 from workers.fusion.cacheblend import step_deviation
-from workers.fusion.deviation import ratio_count
+from workers.fusion.deviation import keep_top_spans, ratio_count
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout, Segment
 from workers.fusion.query_driven import question_attention
@@ -38,6 +41,7 @@ class CraftPlan:
     stored: list[float | None]  # per chunk: its impact known before the pass (0 for exact chunks), else None
     unfocused: torch.Tensor  # [kv_end] bool: reusable positions of chunks the question barely attends to
     measured: dict[int, float]  # segment start -> impact measured online at the filter layer (filled by the pass)
+    relevance: torch.Tensor | None = None  # [kv_end] the question's attention over all layers: the plan is up front
 
 
 class CacheCraft(FusionMode):
@@ -52,7 +56,7 @@ class CacheCraft(FusionMode):
         if feed is None:
             layout.load_cached(cache, runner.rerotate_keys)
         plan = self.plan(runner, layout, cache, feed)
-        initial = self.initial_positions(layout, plan)
+        initial = self.initial_positions(layout, plan) if plan.relevance is None else self.upfront(layout, plan, ratio)
         result = selective_prefill(runner, layout, cache, initial, lambda step: self._narrow(step, ratio, plan), feed)
         result.chunk_impacts = dict(plan.measured)
         return result
@@ -67,14 +71,50 @@ class CacheCraft(FusionMode):
             for seg in chunks
         ]
         unfocused = torch.zeros(layout.kv_end, dtype=torch.bool)
-        if opts.craft_stop_after is not None and layout.question is not None and chunks:
-            last = min(opts.craft_stop_after, runner.config.num_layers - 1)
-            focus = chunk_focus(question_attention(runner, layout, cache, feed, last, None), chunks)
-            for seg, share in zip(chunks, focus.tolist()):
+        stop = opts.craft_stop_after
+        upfront = opts.craft_stored_impact and bool(chunks) and all(impact is not None for impact in stored)
+        if layout.question is None or not chunks or (stop is None and not upfront):
+            return CraftPlan(chunks, stored, unfocused, {})
+        last = runner.config.num_layers - 1 if upfront or stop is None else min(stop, runner.config.num_layers - 1)
+        attention = question_attention(runner, layout, cache, feed, last, None)  # [last + 1, kv_end]
+        if stop is not None:
+            for seg, share in zip(chunks, chunk_focus(attention[: stop + 1], chunks).tolist()):
                 if share < opts.craft_focus_below:
                     unfocused[seg.start : min(seg.end, layout.kv_end)] = True
             unfocused &= ~layout.forced
-        return CraftPlan(chunks, stored, unfocused, {})
+        relevance = (attention / attention.sum(dim=1, keepdim=True).clamp_min(1e-30)).sum(dim=0) if upfront else None
+        return CraftPlan(chunks, stored, unfocused, {}, relevance)
+
+    def upfront(self, layout: BlendLayout, plan: CraftPlan, ratio: float) -> torch.Tensor:
+        """With every chunk's impact stored: each chunk's share by its impact, the question's most read spans. # [S]"""
+        assert plan.relevance is not None
+        opts = self.options
+        keep = layout.forced.clone()
+        impacts = [impact or 0.0 for impact in plan.stored]
+        mean_impact = (sum(impacts) / len(impacts)) or 1.0
+        positions = torch.arange(layout.kv_end)
+        exact = layout.exact_end()
+        for seg, impact in zip(plan.chunks, impacts):
+            part = slice(seg.start, min(seg.end, layout.kv_end))
+            chunk_ratio = self.chunk_ratio(impact, seg, ratio, mean_impact)
+            if seg.end <= exact or chunk_ratio == 0.0 or part.stop <= part.start:
+                continue
+            none_forced = torch.zeros(part.stop - part.start, dtype=torch.bool)
+            count = ratio_count(chunk_ratio, part.stop - part.start)
+            kept = keep_top_spans(plan.relevance[part], none_forced, count, positions[part], opts.selection_span_tokens)
+            keep[seg.start + kept] = True
+        return keep.nonzero().squeeze(1)
+
+    def chunk_ratio(self, impact: float, seg: Segment, ratio: float, mean_impact: float) -> float:
+        """Share of a chunk to recompute: none below cci_reuse_below, all above cci_full_above, else in proportion.
+
+        A chunk read from a variant that fits the request by s counts its impact x (1 - s).
+        """
+        opts = self.options
+        cci = impact * (1.0 - (seg.cached.variant_score if seg.cached is not None else 0.0))
+        if cci < opts.cci_reuse_below:
+            return 0.0
+        return 1.0 if cci >= opts.cci_full_above else min(1.0, ratio * cci / mean_impact)
 
     def initial_positions(self, layout: BlendLayout, plan: CraftPlan) -> torch.Tensor:
         """Every position but the exact ones and those of chunks whose stored impact needs no recompute. # [S]"""
@@ -90,7 +130,7 @@ class CacheCraft(FusionMode):
         alive = torch.zeros(step.layout.kv_end, dtype=torch.bool)
         alive[step.positions] = True
         before = int(alive.sum())
-        if step.layer == opts.filter_layers[0]:
+        if step.layer == opts.filter_layers[0] and plan.relevance is None:
             alive &= self._select(step, ratio, plan)
         if step.layer == opts.craft_stop_after:
             alive &= ~plan.unfocused
@@ -118,12 +158,10 @@ class CacheCraft(FusionMode):
         deviation = torch.zeros(layout.kv_end)
         deviation[step.positions] = step_deviation(step, opts.deviation_metric)
         for i in online:
-            seg, measured_cci = plan.chunks[i], impacts[i]
-            fit = seg.cached.variant_score if seg.cached is not None else 0.0
-            cci = measured_cci * (1.0 - fit)  # a variant computed after much of this context already carries it
-            if cci < opts.cci_reuse_below:
+            seg = plan.chunks[i]
+            chunk_ratio = self.chunk_ratio(float(measured[i]), seg, ratio, mean_impact)
+            if chunk_ratio == 0.0:
                 continue
-            chunk_ratio = 1.0 if cci >= opts.cci_full_above else min(1.0, ratio * cci / mean_impact)
             top = torch.topk(deviation[seg.start : seg.end], ratio_count(chunk_ratio, seg.num_tokens)).indices
             keep[seg.start + top] = True
         return keep

@@ -62,6 +62,21 @@ def test_past_the_stop_layer_only_chunks_out_of_focus_are_dropped() -> None:
     assert positions[craft._narrow(step(2), 0.15, plan)].tolist() == [13, 16, 17]
 
 
+def test_with_every_impact_stored_the_plan_is_made_up_front_from_the_question() -> None:
+    prompt = PromptLayout([1] * 4, [[2] * 8, [3] * 8, [5] * 8], [4] * 2)  # chunks at 4, 12, 20; question 28-30
+    cached = [ChunkLayers(ids, iter(()), 1, base_position=4) for ids in prompt.chunk_ids]
+    layout = BlendLayout.build(prompt, cached, ChunkLayers([1] * 4, iter(()), 1))
+    relevance = torch.zeros(30)
+    relevance[[14, 15, 21]] = 1.0  # the question reads these most
+    plan = CraftPlan(layout.chunk_segments(), [0.0, 0.4, 0.2], torch.zeros(30, dtype=torch.bool), {}, relevance)
+    craft = CacheCraft(FusionOptions(selection_span_tokens=1, cci_reuse_below=0.01, cci_full_above=0.9))
+    # mean impact 0.2: the second chunk recomputes 0.25 x 0.4 / 0.2 = half (4 tokens), the third a quarter (2)
+    chosen = craft.upfront(layout, plan, 0.25).tolist()
+    assert {14, 15} <= set(chosen) and sum(12 <= p < 20 for p in chosen) == 4
+    assert 21 in chosen and sum(20 <= p < 28 for p in chosen) == 2
+    assert chosen[-2:] == [28, 29] and all(p >= 12 for p in chosen)  # the question; nothing exact
+
+
 @pytest.mark.slow
 def test_early_termination_stops_recomputing_chunks_out_of_focus(
     checkpoint: Checkpoint, qa_records: list[dict]
@@ -69,7 +84,8 @@ def test_early_termination_stops_recomputing_chunks_out_of_focus(
     engine = TorchEngine.from_checkpoint(checkpoint)
     runner = engine.fuser.runner
     for name, stop, below in (("off", None, 0.8), ("on", 2, 0.8), ("nothing_out", 2, 0.0)):
-        engine.fuser.modes[name] = CacheCraft(FusionOptions(craft_stop_after=stop, craft_focus_below=below))
+        options = FusionOptions(craft_stop_after=stop, craft_focus_below=below, craft_stored_impact=False)
+        engine.fuser.modes[name] = CacheCraft(options)
     record = qa_records[0]
     prompt = engine.fuser.layout(record["documents"], record["question"])
     engine.fuser.precompute(prompt)
