@@ -1,5 +1,6 @@
 """Overload: clients far beyond capacity get 429 with Retry-After quickly, memory stays bounded, and the
 service fully recovers once the load drops."""
+import logging
 import os
 import threading
 import time
@@ -110,6 +111,12 @@ def test_clients_far_beyond_capacity_get_429_fast_memory_stays_bounded_and_servi
     assert len(refused) > len(served) > 0
     assert all(retry is not None and int(retry) >= 1 for _, _, retry in refused)
     refusal_s = sorted(took for _, took, _ in refused)
+    logging.getLogger(__name__).info(
+        "overload: %d requests in %.0f s from %d clients: %d served, %d refused (429); refusal p50 %.3f s, p99 %.3f s;"
+        " /healthz max %.3f s; session RSS %.0f MiB at rest, peak %.0f MiB",
+        len(results), LOAD_S, NUM_CLIENTS, len(served), len(refused), refusal_s[len(refusal_s) // 2],
+        refusal_s[int(0.99 * (len(refusal_s) - 1))], max(health_s), baseline_bytes / MIB, peak_bytes / MIB,
+    )
     assert refusal_s[int(0.99 * (len(refusal_s) - 1))] < REFUSAL_BOUND_S, refusal_s[-10:]
     assert max(health_s) < REFUSAL_BOUND_S
     assert peak_bytes - baseline_bytes < DEVICE_BYTES + RAM_BYTES + STATED_OVERHEAD_BYTES, (peak_bytes, baseline_bytes)

@@ -51,6 +51,7 @@ def test_eval_refuses_an_unknown_mode_and_dtype(tmp_path: Path) -> None:
         assert value in result.output
 
 
+@pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_eval_gradual_filtering_recomputes_twice_the_ratio_at_the_check_layer(tmp_path: Path) -> None:
     data = DATA_DIR / "hotpotqa_hipporag.dev.jsonl"
     fractions = {}

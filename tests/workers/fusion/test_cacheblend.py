@@ -16,6 +16,7 @@ def answer(engine: TorchEngine, record: dict, mode: str = "cacheblend", ratio: f
     return engine.generate(BlendRequest(record["documents"], record["question"], mode, ratio, SHORT))
 
 
+@pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_sparse_requests_keep_their_ratio(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     engine = TorchEngine.from_checkpoint(
         checkpoint, FusionOptions(fallback_min_coverage=0.5)
@@ -23,6 +24,7 @@ def test_sparse_requests_keep_their_ratio(checkpoint: Checkpoint, qa_records: li
     assert answer(engine, qa_records[0]).stats.recompute_ratio == 0.15
 
 
+@pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_a_demanding_coverage_raises_the_ratio(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     engine = TorchEngine.from_checkpoint(checkpoint, FusionOptions(fallback_min_coverage=0.95, fallback_full_above=1.0))
     result = answer(engine, qa_records[0])

@@ -69,6 +69,7 @@ def test_prefix_cache_on_a_repeated_prompt_equals_full_prefill(engine: TorchEngi
     assert_same_answer(second, reference)
 
 
+@pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_cacheblend_deviates_less_than_full_reuse(engine: TorchEngine, qa_records: list[dict]) -> None:
     kl = {"full_reuse": 0.0, "cacheblend": 0.0}
     kv_error = {"full_reuse": 0.0, "cacheblend": 0.0}
@@ -87,6 +88,7 @@ def test_cacheblend_deviates_less_than_full_reuse(engine: TorchEngine, qa_record
     assert kv_error["cacheblend"] < 0.8 * kv_error["full_reuse"]
 
 
+@pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_mixed_hits_reorder_and_repeat(engine: TorchEngine, qa_records: list[dict]) -> None:
     documents, question = qa_records[0]["documents"], qa_records[0]["question"]
     engine.fuser.precompute(engine.fuser.layout([documents[0], documents[2]], question))  # documents[1] stays a miss
@@ -112,6 +114,7 @@ def test_mixed_hits_reorder_and_repeat(engine: TorchEngine, qa_records: list[dic
     assert once.stats.reused_tokens == again.stats.reused_tokens == once.stats.context_tokens
 
 
+@pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_every_mode_answers_with_no_documents(engine: TorchEngine) -> None:
     reference = ask(engine, [], "What is the capital of France?", "full_prefill")
     for mode in engine.fuser.modes:

@@ -99,6 +99,7 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("one_thread")
+@pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_with_a_slow_tier_ttft_is_near_max_of_load_and_compute(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     tier = SlowTier("remote", 1 << 30)
     with TieredStore([tier], ["lru"]) as kvstore:
