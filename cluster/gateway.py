@@ -81,6 +81,7 @@ class Gateway:
         self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, tenant: str
     ) -> ChatCompletion | Completion | AsyncIterator[bytes]:
         """A chat or text completion for `tenant`: the whole response, or server-sent events when `stream` is set."""
+        await self._shed_when_full()
         # Parsing and tokenizing take milliseconds per request: off the event loop, so health checks and
         # other streams keep flowing while a burst of requests is read.
         prepared, prompt = await self._off_loop(self._prepare_completion, kind, body, tenant)
@@ -166,6 +167,20 @@ class Gateway:
         await self.kv_metrics.scrape({m.worker_id: m.report.kv for m in members})
         return self.metrics.render()
 
+    async def _shed_when_full(self) -> None:
+        """429 before the body is parsed when every worker is at its queue bound: under overload a refusal costs
+        no parsing or tokenizing (their one thread would otherwise queue the refusals behind each other)."""
+        members = await self.cluster.members()
+        verdict = self.admission.all_full([m.worker_id for m in members])
+        if verdict is not None:
+            raise self._too_many(verdict)
+
+    def _too_many(self, verdict: Rejected) -> ApiError:
+        bound = self.config.admission.max_queued_per_worker
+        retry_after_s = math.ceil(verdict.retry_after_s)
+        message = f"every worker that could serve this is at its queue bound of {bound}; retry in {retry_after_s} s"
+        return ApiError(429, message, None, "rate_limit_exceeded", {"Retry-After": str(retry_after_s)})
+
     async def _admit(
         self, prompt: PromptLayout, tenant: str, cost: int, checked: tuple[BlendRequest, str] | None = None
     ) -> str:
@@ -200,10 +215,7 @@ class Gateway:
         self.metrics.routes.labels(route.reason.value).inc()
         verdict = self.admission.try_admit(route.worker_id)
         if isinstance(verdict, Rejected):
-            bound = self.config.admission.max_queued_per_worker
-            retry_after_s = math.ceil(verdict.retry_after_s)
-            message = f"every worker that could serve this is at its queue bound of {bound}; retry in {retry_after_s} s"
-            raise ApiError(429, message, None, "rate_limit_exceeded", {"Retry-After": str(retry_after_s)})
+            raise self._too_many(verdict)
         self.tokens_in_flight[route.worker_id] += cost
         return route.worker_id
 

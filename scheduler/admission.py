@@ -58,9 +58,13 @@ class Admission:
         if queued < self._config.max_queued_per_worker:
             self._queued[worker_id] = queued + 1
             return Admitted(worker_id)
-        # Draining the whole queue bounds the wait from above; the clamp keeps the hint useful to clients.
-        drain_s = queued * self._estimate(worker_id).seconds
-        return Rejected(worker_id, min(max(drain_s, self._config.min_retry_after_s), self._config.max_retry_after_s))
+        return self._rejected(worker_id)
+
+    def all_full(self, worker_ids: list[str]) -> Rejected | None:
+        """The soonest refusal when every one of `worker_ids` is at its bound (None when any has room or none)."""
+        if not worker_ids or any(self.num_queued(w) < self._config.max_queued_per_worker for w in worker_ids):
+            return None
+        return min((self._rejected(w) for w in worker_ids), key=lambda r: r.retry_after_s)
 
     def finish(self, worker_id: str, service_time_s: float) -> None:
         """Free the slot of a finished (or failed) request and learn from its service time."""
@@ -81,6 +85,11 @@ class Admission:
         """Drop a worker that left: its queue died with it."""
         self._queued.pop(worker_id, None)
         self._service.pop(worker_id, None)
+
+    def _rejected(self, worker_id: str) -> Rejected:
+        # Draining the whole queue bounds the wait from above; the clamp keeps the hint useful to clients.
+        drain_s = self.num_queued(worker_id) * self._estimate(worker_id).seconds
+        return Rejected(worker_id, min(max(drain_s, self._config.min_retry_after_s), self._config.max_retry_after_s))
 
     def _estimate(self, worker_id: str) -> ServiceTimeEstimate:
         if worker_id not in self._service:

@@ -111,3 +111,19 @@ def test_a_prompt_over_the_engines_reported_context_is_a_400_naming_the_field(ca
     with pytest.raises(ApiError) as again:  # now known up front, before any worker is asked
         asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert again.value.status_code == 400 and workers.calls == []
+
+
+def test_a_full_cluster_refuses_with_429_before_parsing_the_body(card):
+    members = [Member("w-a", "n1", "fp"), Member("w-b", "n1", "fp")]
+    workers = ScriptedWorkers()
+    gate = gateway(card, ScriptedCluster(members), workers)
+    bound = gate.config.admission.max_queued_per_worker
+    for worker in ("w-a", "w-b"):
+        for _ in range(bound):
+            gate.admission.try_admit(worker)
+    with pytest.raises(ApiError) as caught:  # not a 400: the body is never read
+        asyncio.run(gate.complete(ChatCompletionRequest, b"{not json", "default"))
+    assert caught.value.status_code == 429 and int(caught.value.headers["Retry-After"]) >= 1
+    gate.admission.finish("w-a", 1.0)  # one slot free: requests are parsed and served again
+    response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
+    assert response.choices[0].message.content == "Paris" and workers.calls == ["w-a"]

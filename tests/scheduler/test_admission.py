@@ -82,3 +82,13 @@ def test_load_view_is_full_exactly_when_admission_rejects() -> None:
 def test_bad_config_names_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         AdmissionConfig(**kwargs)
+
+
+def test_all_full_refuses_only_when_every_worker_is_at_its_bound():
+    admission = Admission(AdmissionConfig(max_queued_per_worker=1, initial_service_time_s=3.0))
+    assert admission.all_full([]) is None
+    admission.try_admit("a")
+    assert admission.all_full(["a", "b"]) is None
+    admission.try_admit("b")
+    verdict = admission.all_full(["a", "b"])
+    assert verdict is not None and verdict.retry_after_s == 3.0
