@@ -29,7 +29,7 @@ from cluster.response_writer import ResponseFrame, collect, sse
 from kvplane.shard import SHARD_NAME_PREFIX
 from scheduler.admission import Admission, Rejected
 from scheduler.placement import worker_locations
-from scheduler.router import Router
+from scheduler.router import Router, RouteReason
 from scheduler.scoring import Chunk
 from workers.dtype import dtype_width_bytes
 from workers.engine_base import BlendRequest, EngineLimits
@@ -173,6 +173,7 @@ class Gateway:
         members = await self.cluster.members()
         verdict = self.admission.all_full([m.worker_id for m in members])
         if verdict is not None:
+            self.metrics.routes.labels(RouteReason.SATURATED.value).inc()  # as if routed: every worker is full
             raise self._too_many(verdict)
 
     def _too_many(self, verdict: Rejected) -> ApiError:

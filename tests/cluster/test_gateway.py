@@ -124,6 +124,7 @@ def test_a_full_cluster_refuses_with_429_before_parsing_the_body(card):
     with pytest.raises(ApiError) as caught:  # not a 400: the body is never read
         asyncio.run(gate.complete(ChatCompletionRequest, b"{not json", "default"))
     assert caught.value.status_code == 429 and int(caught.value.headers["Retry-After"]) >= 1
+    assert 'blendserve_routes_total{reason="saturated"} 1.0' in gate.metrics.render().decode()
     gate.admission.finish("w-a", 1.0)  # one slot free: requests are parsed and served again
     response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert response.choices[0].message.content == "Paris" and workers.calls == ["w-a"]
