@@ -73,7 +73,7 @@ def test_the_scout_over_the_cached_context_is_full_reuse_and_ratio_one_is_full_p
     scores = question_attention(runner, layout, fused.cache, None, runner.config.num_layers - 1, None)
     num_question = layout.num_tokens - layout.num_context_tokens
     mass = scores.sum(dim=1) / (num_question * runner.config.num_heads)  # [L]: context's share of the attention
-    assert bool(((mass > 0.0) & (mass <= 1.0 + 1e-5)).all())
+    assert bool(((mass > 0.25) & (mass <= 1.0 + 1e-5)).all())  # measured 0.31-0.89 per layer
     assert float(scores[:, layout.num_context_tokens :].abs().sum()) == 0.0  # the question's own keys not counted
     # At ratio 1 every inexact token is recomputed: the same distribution as full prefill (float32 rounding).
     full = logprobs("full_prefill", 1.0)
