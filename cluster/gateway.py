@@ -28,6 +28,7 @@ from cluster.response_models import ChatCompletion, Completion, DocumentsRespons
 from cluster.response_writer import ResponseFrame, collect, sse
 from kvplane.shard import SHARD_NAME_PREFIX
 from scheduler.admission import Admission, Rejected
+from scheduler.membership import Member
 from scheduler.placement import worker_locations
 from scheduler.router import Router, RouteReason
 from scheduler.scoring import Chunk
@@ -81,13 +82,14 @@ class Gateway:
         self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, tenant: str
     ) -> ChatCompletion | Completion | AsyncIterator[bytes]:
         """A chat or text completion for `tenant`: the whole response, or server-sent events when `stream` is set."""
-        await self._shed_when_full()
+        members = await self.cluster.members()  # asked once per request: a round trip to the membership actor
+        self._shed_when_full(members)
         # Parsing and tokenizing take milliseconds per request: off the event loop, so health checks and
         # other streams keep flowing while a burst of requests is read.
         prepared, prompt = await self._off_loop(self._prepare_completion, kind, body, tenant)
         cost = len(prompt.token_ids) + prepared.blend.sampling.max_new_tokens
         field = "messages" if kind is ChatCompletionRequest else "prompt"
-        worker_id = await self._admit(prompt, tenant, cost, (prepared.blend, field))
+        worker_id = await self._admit(members, prompt, tenant, cost, (prepared.blend, field))
         events = self._run(Job(prepared.blend, prepared.stop), worker_id, cost)
         frame = ResponseFrame(kind is ChatCompletionRequest, self.served_model)
         if prepared.stream:
@@ -99,7 +101,7 @@ class Gateway:
         """Compute and keep the KV of documents ahead of requests (idempotent), under `tenant`."""
         request, texts, prompt = await self._off_loop(self._prepare_documents, body)
         cost = len(prompt.token_ids)
-        worker_id = await self._admit(prompt, tenant, cost)
+        worker_id = await self._admit(await self.cluster.members(), prompt, tenant, cost)
         start_s = time.monotonic()
         try:
             stored = await self.workers.store_documents(texts, tenant, worker_id)
@@ -167,10 +169,9 @@ class Gateway:
         await self.kv_metrics.scrape({m.worker_id: m.report.kv for m in members})
         return self.metrics.render()
 
-    async def _shed_when_full(self) -> None:
+    def _shed_when_full(self, members: list[Member]) -> None:
         """429 before the body is parsed when every worker is at its queue bound: under overload a refusal costs
         no parsing or tokenizing (their one thread would otherwise queue the refusals behind each other)."""
-        members = await self.cluster.members()
         verdict = self.admission.all_full([m.worker_id for m in members])
         if verdict is not None:
             self.metrics.routes.labels(RouteReason.SATURATED.value).inc()  # as if routed: every worker is full
@@ -183,13 +184,17 @@ class Gateway:
         return ApiError(429, message, None, "rate_limit_exceeded", {"Retry-After": str(retry_after_s)})
 
     async def _admit(
-        self, prompt: PromptLayout, tenant: str, cost: int, checked: tuple[BlendRequest, str] | None = None
+        self,
+        members: list[Member],
+        prompt: PromptLayout,
+        tenant: str,
+        cost: int,
+        checked: tuple[BlendRequest, str] | None = None,
     ) -> str:
         """Route to the worker with the best cache affinity for load, and hold a slot in its queue.
 
         `checked` (the request and its prompt's field) is checked again against the workers' current limits.
         """
-        members = await self.cluster.members()
         if not members:
             message = "no worker is ready yet (the model is still loading); retry shortly"
             headers = {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)}
