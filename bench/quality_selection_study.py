@@ -35,6 +35,8 @@ def variants(options: FusionOptions, num_layers: int, oracles: bool) -> dict[str
         "qd_tokens": QueryDriven(single, base),
         "qd_raw_sum": QueryDriven(options, replace(base, layer_norm=False)),
         "qd_first_half": QueryDriven(options, replace(base, last_layer=num_layers // 2 - 1)),
+        "qd_first_third": QueryDriven(options, replace(base, last_layer=num_layers // 3 - 1)),
+        "qd_first_quarter": QueryDriven(options, replace(base, last_layer=num_layers // 4 - 1)),
         "qd_second_half": QueryDriven(options, replace(base, first_layer=num_layers // 2)),
         "qd_last_8_queries": QueryDriven(options, replace(base, query_tokens=8)),
         "qd_per_chunk": QueryDriven(options, replace(base, budget_split="per_chunk")),
@@ -58,10 +60,17 @@ def main() -> None:
     parser.add_argument("--no-oracles", action="store_true", help="skip the oracle heuristics (a full prefill each)")
     parser.add_argument("--out", type=Path, default=Path("docs/results/selection_study.json"))
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
+    parser.add_argument("--variants", help="comma-separated names of the variants to run (default: all)")
     args = parser.parse_args()
     options = FusionOptions()
     config, _ = load_model_card(prepare_default_model())
     extra = variants(options, config.num_layers, not args.no_oracles)
+    if args.variants:
+        wanted = args.variants.split(",")
+        unknown = sorted(set(wanted) - set(extra))
+        if unknown:
+            parser.error(f"unknown variants {unknown}; known: {sorted(extra)}")
+        extra = {name: extra[name] for name in wanted}
     access = load_eval_engine(
         args.engine, dtype=args.dtype, options=options, modes={**make_fusion_modes(options), **extra}
     )

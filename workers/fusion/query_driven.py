@@ -147,33 +147,60 @@ def question_attention(
     scores = torch.zeros(last_layer + 1, layout.kv_end)
     if question is None:
         return scores
-    cfg = runner.config
     context_end = question.start
     keys_at = _cached_positions(layout, context_end)  # [N] ascending
     q_positions = torch.arange(question.start, question.end)
     h = runner.embed(layout.token_ids[q_positions].to(runner.device))
     num_queries = q_positions.shape[0]
     counted = slice(0, num_queries) if query_tokens is None else slice(max(0, num_queries - query_tokens), num_queries)
-    group = cfg.num_heads // cfg.num_kv_heads
-    # a question token sees every cached context key and the question's keys up to itself
-    own = torch.ones(num_queries, num_queries, dtype=torch.bool).tril()  # [Q, Q]
-    visible = torch.cat([torch.ones(num_queries, keys_at.shape[0], dtype=torch.bool), own], dim=1)  # [Q, N + Q]
+    own_visible = torch.ones(num_queries, num_queries, dtype=torch.bool, device=runner.device).tril()  # [Q, Q]
     contiguous = bool((keys_at == torch.arange(keys_at.shape[0])).all())  # the usual case: all context cached
     device_keys = slice(0, keys_at.shape[0]) if contiguous else keys_at.to(runner.device)
     for layer in range(last_layer + 1):
         q, k, v = runner.qkv(layer, h, q_positions)  # [Q, H, D], [Q, H_kv, D] x2
         if feed is not None:
             feed.wait(layer)
-        keys = torch.cat([cache.data[layer, 0, device_keys], k])  # [N + Q, H_kv, D]
-        values = torch.cat([cache.data[layer, 1, device_keys], v])
-        q_grouped = q.float().reshape(num_queries, cfg.num_kv_heads, group, cfg.head_dim).permute(1, 2, 0, 3)
-        logits = torch.einsum("kgqd,nkd->kgqn", q_grouped, keys.float()) / cfg.head_dim**0.5  # [H_kv, G, Q, N + Q]
-        probs = logits.masked_fill(~visible.to(logits.device), float("-inf")).softmax(dim=-1)
-        attn = torch.einsum("kgqn,nkd->qkgd", probs, values.float())  # [Q, H_kv, G, D]
-        h = runner.after_attention(layer, h, attn.reshape(num_queries, -1).to(h.dtype))
+        probs, attn = scout_attention(
+            q, k, v, cache.data[layer, 0, device_keys], cache.data[layer, 1, device_keys], own_visible
+        )  # [H_kv, G, Q, N + Q], [Q, H * D]
+        h = runner.after_attention(layer, h, attn.to(h.dtype))
         received = probs[:, :, counted, : keys_at.shape[0]].sum(dim=(0, 1, 2))  # [N]
         scores[layer, keys_at] = received.to(scores.device)
     return scores
+
+
+def scout_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_k: torch.Tensor,
+    context_v: torch.Tensor,
+    own_visible: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The question's attention over the context's cached K/V and its own (causal), with the weights.
+
+    The two products with the context run in the cache's dtype (fp32 accumulation, as the engines' attention
+    kernels do) and read the cache in place; the softmax is float32. Concatenating the context with the
+    question's K/V and upcasting it first, as a plain einsum would, copied the whole context twice a layer.
+    q: [Q, H, D], k/v: [Q, H_kv, D], context_k/v: [N, H_kv, D], own_visible: [Q, Q] bool
+    -> probs [H_kv, G, Q, N + Q] float32, attention output [Q, H * D] float32
+    """
+    num_queries, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    dtype = context_k.dtype
+    q_grouped = (q.float() / head_dim**0.5).reshape(num_queries, num_kv_heads, group, head_dim)
+    q_grouped = q_grouped.permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_queries, head_dim)  # [H_kv, G*Q, D]
+    context_logits = torch.bmm(q_grouped.to(dtype), context_k.permute(1, 2, 0)).float()  # [H_kv, G*Q, N]
+    own_logits = torch.bmm(q_grouped, k.float().permute(1, 2, 0))  # [H_kv, G*Q, Q]
+    own_logits = own_logits.masked_fill(~own_visible.repeat(group, 1), float("-inf"))
+    probs = torch.cat([context_logits, own_logits], dim=-1).softmax(dim=-1)  # [H_kv, G*Q, N + Q]
+    num_context = context_k.shape[0]
+    out = torch.bmm(probs[..., :num_context].to(dtype), context_v.permute(1, 0, 2)).float()  # [H_kv, G*Q, D]
+    out = out + torch.bmm(probs[..., num_context:], v.float().permute(1, 0, 2))
+    out = out.reshape(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3)  # [Q, H_kv, G, D]
+    probs = probs.reshape(num_kv_heads, group, num_queries, num_context + num_queries)
+    return probs, out.reshape(num_queries, num_heads * head_dim)
 
 
 def _cached_positions(layout: BlendLayout, end: int) -> torch.Tensor:
