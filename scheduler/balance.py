@@ -7,9 +7,8 @@ from kvplane.checks import check, check_at_least, check_count
 from scheduler.load import WorkerLoad
 
 
-def _busyness(worker: str, load: WorkerLoad) -> tuple[int, int, str]:
-    # Worker id last so that equally loaded workers still order deterministically.
-    return (load.num_queued, load.num_tokens_in_flight, worker)
+def _busyness(load: WorkerLoad) -> tuple[int, int]:
+    return (load.num_queued, load.num_tokens_in_flight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,4 +37,6 @@ def power_of_two(workers: Sequence[str], loads: Mapping[str, WorkerLoad], rng: r
     check(len(workers) > 0, "workers", "a non-empty sequence", workers)
     # Sorting first makes the draw depend only on the seed, not on the caller's ordering.
     drawn = rng.sample(sorted(workers), min(2, len(workers)))
-    return min(drawn, key=lambda worker: _busyness(worker, loads[worker]))
+    # A tie goes to the first drawn, i.e. at random: breaking it by worker id sent most requests of a lightly
+    # loaded cluster to the lower id, which concentrated the caches as if the router knew where chunks were.
+    return min(drawn, key=lambda worker: _busyness(loads[worker]))

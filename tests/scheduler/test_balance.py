@@ -39,6 +39,14 @@ def test_power_of_two_never_returns_the_busiest_of_three() -> None:
     assert picks == {"b", "c"}
 
 
+def test_power_of_two_breaks_ties_at_random_not_by_worker_id() -> None:
+    loads = queues(a=0, b=0, c=0)
+    rng = random.Random(0)
+    picks = [power_of_two(["a", "b", "c"], loads, rng) for _ in range(3000)]
+    # every worker is drawn 2 times in 3 and wins half its ties: a third each (by id, "c" would never win)
+    assert all(abs(picks.count(worker) / len(picks) - 1 / 3) < 0.05 for worker in loads)
+
+
 def test_power_of_two_with_one_worker_returns_it() -> None:
     assert power_of_two(["only"], queues(only=5), random.Random(0)) == "only"
 
