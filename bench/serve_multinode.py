@@ -27,6 +27,7 @@ from cluster.bench_serve import LoadPoint, drive
 from cluster.bench_systems import free_port
 from cluster.bench_workload import WorkloadRequest, read_workload
 from scheduler.simulator_routers import ROUTING_POLICIES
+from scheduler.weights import RouterWeights
 from workers.checkpoint import load_model_card
 from workers.default_model import prepare_default_model
 from workers.dtype import dtype_width_bytes, measured_on, resolve_dtype
@@ -53,6 +54,10 @@ def app_config(args: argparse.Namespace, num_nodes: int, root: Path, dtype: str)
             {"name": "object", "url": f"file://{root / 'objects'}", "capacity_bytes": 8 << 30, "policy": "lru"},
         ],
         "admission": {"max_queued_per_worker": 64},
+        "router": {
+            "penalty_bytes_per_queued": args.penalty_mib_per_queued * (1 << 20),
+            "penalty_bytes_per_token_in_flight": args.penalty_kib_per_token * (1 << 10),
+        },
         "guardrails": {"canary": False},  # measured elsewhere; here it would only lengthen each start
         "data_dir": str(root / "data"),
     }
@@ -158,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--engine", choices=("torch", "vllm"), default="torch")
     parser.add_argument("--device-mib", type=int, default=96)
     parser.add_argument("--ram-mib", type=int, default=192)
+    weights = RouterWeights()
+    parser.add_argument("--penalty-mib-per-queued", type=float, default=weights.penalty_bytes_per_queued / (1 << 20),
+                        help="affinity's load penalty per queued request, in MiB of cached KV it must outweigh")
+    parser.add_argument("--penalty-kib-per-token", type=float,
+                        default=weights.penalty_bytes_per_token_in_flight / (1 << 10),
+                        help="affinity's load penalty per token in flight, in KiB")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp"), help="short folder for Ray's sockets")
     parser.add_argument("--out", type=Path, required=True)
@@ -181,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "engine": args.engine, "dtype": dtype, "bytes_per_token": bytes_per_token,
         "workload": str(args.workload), "num_requests": len(requests), "rate_rps": args.rate,
         "max_tokens": args.max_tokens, "device_bytes": args.device_mib << 20, "ram_bytes": args.ram_mib << 20,
+        "penalty_mib_per_queued": args.penalty_mib_per_queued, "penalty_kib_per_token": args.penalty_kib_per_token,
         "runs": [],
     }
     if args.out.exists():

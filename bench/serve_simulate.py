@@ -18,6 +18,7 @@ from scheduler.admission import AdmissionConfig
 from scheduler.simulator import DEVICE, LOCAL, OBJECT, REMOTE, ClusterShape, ServiceModel, SimRequest, simulate
 from scheduler.simulator_fit import Observation, fit_service_model
 from scheduler.simulator_routers import ROUTING_POLICIES, make_router
+from scheduler.weights import KiB, MiB, RouterWeights
 from workers.checkpoint import load_model_card
 from workers.default_model import prepare_default_model
 from workers.prompt import DOCUMENT_SEPARATOR
@@ -113,6 +114,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     first = measured["runs"][0]["requests"]
     other_tokens = round(statistics.median(r["prompt_tokens"] - r["document_tokens"] for r in first if r["ok"]))
     service, num_observations = fit(measured)
+    default = RouterWeights()  # the measured runs' affinity penalty, where they recorded one
+    weights = RouterWeights(
+        penalty_bytes_per_queued=measured.get("penalty_mib_per_queued", default.penalty_bytes_per_queued / MiB) * MiB,
+        penalty_bytes_per_token_in_flight=measured.get(
+            "penalty_kib_per_token", default.penalty_bytes_per_token_in_flight / KiB) * KiB,
+    )
     bytes_per_token = measured["bytes_per_token"]
     admission = AdmissionConfig(max_queued_per_worker=64)
 
@@ -127,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             simulate(
                 requests,
                 shape(run["nodes"]),
-                make_router(run["policy"], seed=args.seed),
+                make_router(run["policy"], weights, seed=args.seed),
                 service,
                 bytes_per_token,
                 admission,
@@ -171,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         requests = projected_requests(nodes)
         for policy in ROUTING_POLICIES:
             result = simulate(
-                requests, shape(nodes), make_router(policy, seed=args.seed), service, bytes_per_token, admission
+                requests, shape(nodes), make_router(policy, weights, seed=args.seed), service, bytes_per_token,
+                admission,
             )
             by_nodes.append({"nodes": nodes, "policy": policy, **summary(result)})
     by_capacity = []
@@ -181,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             result = simulate(
                 requests,
                 shape(args.capacity_nodes, factor),
-                make_router(policy, seed=args.seed),
+                make_router(policy, weights, seed=args.seed),
                 service,
                 bytes_per_token,
                 admission,
