@@ -147,21 +147,28 @@ def question_attention(
     scores = torch.zeros(last_layer + 1, layout.kv_end)
     if question is None:
         return scores
+    cfg = runner.config
     context_end = question.start
     keys_at = _cached_positions(layout, context_end)  # [N] ascending
     q_positions = torch.arange(question.start, question.end)
     h = runner.embed(layout.token_ids[q_positions].to(runner.device))
     num_queries = q_positions.shape[0]
     counted = slice(0, num_queries) if query_tokens is None else slice(max(0, num_queries - query_tokens), num_queries)
-    own_visible = torch.ones(num_queries, num_queries, dtype=torch.bool, device=runner.device).tril()  # [Q, Q]
+    causal = torch.ones(num_queries, num_queries, dtype=torch.bool).tril()  # [Q, Q]
     contiguous = bool((keys_at == torch.arange(keys_at.shape[0])).all())  # the usual case: all context cached
     device_keys = slice(0, keys_at.shape[0]) if contiguous else keys_at.to(runner.device)
     for layer in range(last_layer + 1):
         q, k, v = runner.qkv(layer, h, q_positions)  # [Q, H, D], [Q, H_kv, D] x2
         if feed is not None:
             feed.wait(layer)
+        own_visible, context_visible = causal, None
+        window = cfg.layer_kind(layer).window_tokens  # a sliding-window layer: the last `window` keys only
+        if window is not None:
+            own_visible = causal & ((q_positions[:, None] - q_positions[None, :]) < window)
+            context_visible = ((q_positions[:, None] - keys_at[None, :]) < window).to(runner.device)  # [Q, N]
         probs, attn = scout_attention(
-            q, k, v, cache.data[layer, 0, device_keys], cache.data[layer, 1, device_keys], own_visible
+            q, k, v, cache.data[layer, 0, device_keys], cache.data[layer, 1, device_keys],
+            own_visible.to(runner.device), cfg.attention_scale, context_visible,
         )  # [H_kv, G, Q, N + Q], [Q, H * D]
         h = runner.after_attention(layer, h, attn.to(h.dtype))
         received = probs[:, :, counted, : keys_at.shape[0]].sum(dim=(0, 1, 2))  # [N]
@@ -176,22 +183,27 @@ def scout_attention(
     context_k: torch.Tensor,
     context_v: torch.Tensor,
     own_visible: torch.Tensor,
+    scale: float,
+    context_visible: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The question's attention over the context's cached K/V and its own (causal), with the weights.
 
     The two products with the context run in the cache's dtype (fp32 accumulation, as the engines' attention
     kernels do) and read the cache in place; the softmax is float32. Concatenating the context with the
     question's K/V and upcasting it first, as a plain einsum would, copied the whole context twice a layer.
-    q: [Q, H, D], k/v: [Q, H_kv, D], context_k/v: [N, H_kv, D], own_visible: [Q, Q] bool
+    q: [Q, H, D], k/v: [Q, H_kv, D], context_k/v: [N, H_kv, D], own_visible: [Q, Q] bool,
+    context_visible: [Q, N] bool (None: every context key), scale: the logits' factor
     -> probs [H_kv, G, Q, N + Q] float32, attention output [Q, H * D] float32
     """
     num_queries, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     dtype = context_k.dtype
-    q_grouped = (q.float() / head_dim**0.5).reshape(num_queries, num_kv_heads, group, head_dim)
+    q_grouped = (q.float() * scale).reshape(num_queries, num_kv_heads, group, head_dim)
     q_grouped = q_grouped.permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_queries, head_dim)  # [H_kv, G*Q, D]
     context_logits = torch.bmm(q_grouped.to(dtype), context_k.permute(1, 2, 0)).float()  # [H_kv, G*Q, N]
+    if context_visible is not None:
+        context_logits = context_logits.masked_fill(~context_visible.repeat(group, 1), float("-inf"))
     own_logits = torch.bmm(q_grouped, k.float().permute(1, 2, 0))  # [H_kv, G*Q, Q]
     own_logits = own_logits.masked_fill(~own_visible.repeat(group, 1), float("-inf"))
     probs = torch.cat([context_logits, own_logits], dim=-1).softmax(dim=-1)  # [H_kv, G*Q, N + Q]

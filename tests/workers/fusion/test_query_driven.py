@@ -57,37 +57,47 @@ def test_options_are_validated() -> None:
 
 
 def _attention_by_definition(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_k: torch.Tensor, context_v: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_k: torch.Tensor, context_v: torch.Tensor,
+    window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over [context | own causal] keys for every head, in float64: the reference."""
+    """Softmax over [context | own causal] keys for every head, in float64, context at positions 0..N-1 and the
+    question right after it; with a window a query sees only keys less than `window` positions back."""
     num_queries, num_heads, head_dim = q.shape
     group = num_heads // k.shape[1]
     keys = torch.cat([context_k, k]).double().repeat_interleave(group, dim=1)  # [N + Q, H, D]
     values = torch.cat([context_v, v]).double().repeat_interleave(group, dim=1)
-    logits = torch.einsum("qhd,nhd->hqn", q.double(), keys) / head_dim**0.5  # [H, Q, N + Q]
+    logits = torch.einsum("qhd,nhd->hqn", q.double(), keys) * 0.125  # [H, Q, N + Q]
     num_context = context_k.shape[0]
-    hidden = torch.ones(num_queries, num_queries, dtype=torch.bool).tril().logical_not()
-    logits[:, :, num_context:] = logits[:, :, num_context:].masked_fill(hidden, float("-inf"))
-    probs = logits.softmax(-1)
+    query_at = torch.arange(num_context, num_context + num_queries)[:, None]
+    key_at = torch.arange(num_context + num_queries)[None, :]
+    visible = (key_at <= query_at) & (query_at - key_at < (window or num_context + num_queries))  # [Q, N + Q]
+    probs = logits.masked_fill(~visible, float("-inf")).softmax(-1)
     return probs, torch.einsum("hqn,nhd->qhd", probs, values).reshape(num_queries, -1)
 
 
+@pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_scout_attention_is_grouped_causal_attention_over_context_and_question(dtype: torch.dtype) -> None:
+def test_scout_attention_is_grouped_causal_attention_over_context_and_question(
+    dtype: torch.dtype, window: int | None
+) -> None:
     torch.manual_seed(0)
     num_queries, num_context, num_kv_heads, group, head_dim = 5, 37, 3, 3, 64
     q = torch.randn(num_queries, num_kv_heads * group, head_dim).to(dtype)
     k, v = (torch.randn(num_queries, num_kv_heads, head_dim).to(dtype) for _ in range(2))
     context_k, context_v = (torch.randn(num_context, num_kv_heads, head_dim).to(dtype) for _ in range(2))
     own = torch.ones(num_queries, num_queries, dtype=torch.bool).tril()
-    probs, out = scout_attention(q, k, v, context_k, context_v, own)
-    want_probs, want_out = _attention_by_definition(q, k, v, context_k, context_v)
+    query_at = torch.arange(num_context, num_context + num_queries)[:, None]
+    context_visible = None if window is None else (query_at - torch.arange(num_context)[None, :]) < window
+    probs, out = scout_attention(q, k, v, context_k, context_v, own, 0.125, context_visible)
+    want_probs, want_out = _attention_by_definition(q, k, v, context_k, context_v, window)
     # float32: rounding only; bf16: the context products are rounded to bf16 (8 significant bits)
     tolerance = 1e-5 if dtype == torch.float32 else 2 * 2.0**-8
     got_probs = probs.reshape(num_kv_heads * group, num_queries, -1).double()
     torch.testing.assert_close(got_probs, want_probs, atol=tolerance, rtol=0.0)
     torch.testing.assert_close(out.double(), want_out, atol=tolerance * float(want_out.abs().max()), rtol=0.0)
     assert float(got_probs[:, 0, num_context + 1 :].abs().sum()) == 0.0  # the first query sees no later question key
+    if window is not None:  # the last query, at position N + Q - 1, sees no context key more than `window` back
+        assert float(got_probs[:, -1, : num_context + num_queries - window].abs().sum()) == 0.0
 
 
 def test_the_scout_over_the_cached_context_is_full_reuse_and_ratio_one_is_full_prefill(
