@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from kvplane.layer_stream import ChunkLost
-from workers.chunk_impact import record_impact
+from workers.chunk_impact import record_impact, stored_impact
 from workers.chunk_kv import compute_chunk_kv
 from workers.chunk_lookup import LookupResult, lookup_layout
 from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore
@@ -223,6 +223,11 @@ class Fuser:
             kv_end,
             self.variants,
         )
+
+    def stored_impacts(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> list[float | None]:
+        """Each chunk's context impact as the store keeps it (None where no use has measured it)."""
+        context = self._context_ids(False, prompt)
+        return [stored_impact(self.store, ids, context, namespace) for ids in prompt.chunk_ids]
 
     def _context_ids(self, is_prefix: bool, prompt: PromptLayout) -> list[int]:
         """What a part's KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""

@@ -66,6 +66,9 @@ def test_cachecraft_stores_what_it_measures_and_uses_it_next_time(
     book = engine.fuser.store.impacts
     assert len(book) == len(first.prefill.chunk_impacts) == 2  # the first chunk is exact: not measured
     assert all(value < 0.99 for value in first.prefill.chunk_impacts.values())  # so reused: nothing to recompute
+    starts = [len(prompt.prefix_ids) + sum(map(len, prompt.chunk_ids[:i])) for i in range(len(prompt.chunk_ids))]
+    want = [first.prefill.chunk_impacts.get(start) for start in starts]
+    assert engine.fuser.stored_impacts(prompt) == pytest.approx(want)  # None for the exact first chunk
     again = engine.fuser.fuse(prompt, "cachecraft", 0.15)
     assert again.prefill.chunk_impacts == {}  # known before the pass, never computed, so not measured again
     assert again.prefill.recomputed_token_layers < first.prefill.recomputed_token_layers

@@ -110,11 +110,8 @@ class CacheCraft(FusionMode):
 
         A chunk read from a variant that fits the request by s counts its impact x (1 - s).
         """
-        opts = self.options
         cci = impact * (1.0 - (seg.cached.variant_score if seg.cached is not None else 0.0))
-        if cci < opts.cci_reuse_below:
-            return 0.0
-        return 1.0 if cci >= opts.cci_full_above else min(1.0, ratio * cci / mean_impact)
+        return chunk_share(cci, ratio, mean_impact, self.options.cci_reuse_below, self.options.cci_full_above)
 
     def initial_positions(self, layout: BlendLayout, plan: CraftPlan) -> torch.Tensor:
         """Every position but the exact ones and those of chunks whose stored impact needs no recompute. # [S]"""
@@ -195,6 +192,13 @@ def chunk_focus(attention: torch.Tensor, chunks: list[Segment]) -> torch.Tensor:
     mass = torch.stack([total[seg.start : seg.end].sum() for seg in chunks])  # [C]
     tokens = torch.tensor([float(seg.num_tokens) for seg in chunks])  # [C]
     return (mass / mass.sum().clamp_min(1e-30)) / (tokens / tokens.sum())
+
+
+def chunk_share(cci: float, ratio: float, mean_impact: float, reuse_below: float, full_above: float) -> float:
+    """Cache-Craft's share of a chunk to recompute: none below reuse_below, all from full_above, else r x CCI / mean."""
+    if cci < reuse_below:
+        return 0.0
+    return 1.0 if cci >= full_above else min(1.0, ratio * cci / mean_impact)
 
 
 def chunk_context_impact(

@@ -5,11 +5,18 @@ import torch
 from workers.checkpoint import Checkpoint
 from workers.chunk_kv import ChunkLayers
 from workers.fusion.base import FusionOptions
-from workers.fusion.cachecraft import CacheCraft, CraftPlan, chunk_context_impact, chunk_focus
+from workers.fusion.cachecraft import CacheCraft, CraftPlan, chunk_context_impact, chunk_focus, chunk_share
 from workers.fusion.layout import CHUNK, BlendLayout, Segment
 from workers.fusion.selective_pass import LayerStep
 from workers.prompt import PromptLayout
 from workers.torch_engine import TorchEngine
+
+
+def test_chunk_share_is_none_below_all_above_and_proportional_between() -> None:
+    share = lambda cci: chunk_share(cci, 0.15, 0.4, reuse_below=0.1, full_above=0.9)  # noqa: E731
+    assert share(0.05) == 0.0 and share(0.95) == 1.0 and share(0.9) == 1.0
+    assert share(0.4) == pytest.approx(0.15) and share(0.8) == pytest.approx(0.3)  # r x CCI / mean CCI
+    assert chunk_share(0.8, 0.9, 0.2, reuse_below=0.1, full_above=0.95) == 1.0  # capped at the whole chunk
 
 
 def _keys(prefix: float, first: float, second: float) -> torch.Tensor:
