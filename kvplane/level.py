@@ -94,6 +94,11 @@ class Level:
         inner = self.tier.hit_label() if isinstance(self.tier, LabelledTier) else None
         return inner or self.name
 
+    def stream_label(self, key: str) -> str:
+        """The tier a stream of `key` from this level is served by: the inner tier for a tier over tiers."""
+        # One more call to the home shard per chunk, so that a shard read says local (ram, ssd) or remote.
+        return (self.label_of(key) if isinstance(self.tier, LabelledTier) else None) or self.name
+
     def label_of(self, key: str) -> str | None:
         """The tier holding `key` (an inner tier's name for a tier over tiers), or None."""
         if isinstance(self.tier, LabelledTier):

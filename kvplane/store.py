@@ -145,7 +145,7 @@ class TieredStore:
             self._writer.submit(self._promote, key, blob, header.priority, from_index, nbytes=blob.numel())
 
         layers = stream_layers(self._levels, key, index, header, head, promote)
-        return LayerStream(header, self._levels[index].name, layers)
+        return LayerStream(header, self._levels[index].stream_label(key), layers)
 
     def _level_index(self, key: str, tier: str | None) -> int:
         """Index of the level named `tier` (or whose inner tier of that name holds `key`); 0 for None or unknown."""

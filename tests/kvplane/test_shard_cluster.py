@@ -45,10 +45,11 @@ def put_as_worker(entry: KVEntry) -> str:
 @ray.remote(num_cpus=0)
 def get_as_worker(key: str) -> tuple[str, torch.Tensor | None, str | None]:
     """A fresh worker (empty device tier) looks a chunk up; returns its node, the tensor and the tier."""
-    with open_worker_store(1 << 20, ShardDirectory.discover()) as store:
+    node_id = ray.get_runtime_context().get_node_id()
+    with open_worker_store(1 << 20, ShardDirectory.discover(), local_node_id=node_id) as store:
         stream = store.read_layers(key)
         kv = None if stream is None else torch.stack(list(stream))
-        return ray.get_runtime_context().get_node_id(), kv, None if stream is None else stream.tier
+        return node_id, kv, None if stream is None else stream.tier
 
 
 def node_ids() -> list[str]:
@@ -59,10 +60,15 @@ def test_a_chunk_put_on_one_node_is_read_on_the_other(shards: dict[str, ActorHan
     first, second = node_ids()
     entry = make_entry(1, num_layers=3, dtype=torch.bfloat16)
     assert ray.get(put_as_worker.options(scheduling_strategy=on_node(first)).remote(entry)) == first
-    node, kv, tier = ray.get(get_as_worker.options(scheduling_strategy=on_node(second)).remote(entry.key))
-    assert node == second and tier == "shard"
-    assert torch.equal(kv, entry.kv)
     home, _ = ShardDirectory.discover().home(entry.key)
+    labels: dict[str, str | None] = {}
+    for reader in (second, first):
+        node, kv, tier = ray.get(get_as_worker.options(scheduling_strategy=on_node(reader)).remote(entry.key))
+        assert node == reader and torch.equal(kv, entry.kv)
+        labels[reader] = tier
+    # a stream names the home shard's own tier on the home's node, "remote" on the other
+    assert labels == {node: "ram" if home == shard_name(node) else "remote" for node in (first, second)}
+    assert sorted(labels.values()) == ["ram", "remote"]
     assert ray.get(shards[home].locate.remote(entry.key)) == "ram"
     ray.get(shards[home].flush.remote())
     index = ray.get_actor(INDEX_ACTOR_NAME, namespace=RAY_NAMESPACE)
