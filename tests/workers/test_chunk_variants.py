@@ -60,8 +60,10 @@ def test_a_variant_made_after_a_request_serves_the_same_context_exactly(
     record = qa_records[0]
     prompt = fuser.layout(record["documents"], record["question"])
     fuser.precompute(prompt)
+    fuser.fuse(prompt, "cachecraft", 0.15)  # measures and stores the chunks' impacts; no write-back
     first = fuser.fuse(prompt, "cachecraft", 0.15)
-    fuser.write_back(first, prompt)
+    assert not first.prefill.chunk_impacts  # planned up front from the stored impacts: it measures none
+    fuser.write_back(first, prompt)  # so variants are made from the stored impacts
     keys = chunk_keys(fuser.store, prompt.chunk_ids, prompt.prefix_ids, "default")
     assert [fuser.variants.count(key) for key in keys] == [0, 1, 1]  # the first chunk's KV is exact already
     second = fuser.fuse(prompt, "cachecraft", 0.15)
