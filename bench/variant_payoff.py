@@ -5,9 +5,10 @@ after the prompt prefix); `variants` also keeps variants (workers/chunk_variants
 the chunks that preceded it in an earlier request, made at write-back where its impact is high enough, at most
 two per chunk) and serves the best-fitting one. The workload's requests go through both in order, as one worker
 would serve them. Per request: chunk KV stored first (a first sight is computed in full, not scored), then
-full prefill's greedy answer (the reference) and, per engine, cachecraft at --ratio: the variant fit of each
-chunk read and the share of the context's per-layer KV recomputed (one fusion), the teacher-forced KL along the
-reference answer (a second), the greedy answer and its write-back (a third, which is when variants are made).
+full prefill's greedy answer (the reference) and, per run (cachecraft on each engine, cacheblend on `base` as
+the yardstick), the mode at --ratio: the variant fit of each chunk read and the share of the context's per-layer
+KV recomputed (one fusion), the teacher-forced KL along the reference answer (a second), the greedy answer and
+its write-back (a third, which is when variants are made).
 """
 import argparse
 import json
@@ -34,7 +35,8 @@ from workers.sampling import SamplingParams
 from workers.torch_engine import TorchEngine
 
 MODE = "cachecraft"
-ENGINES = ("base", "variants")
+# (run, engine, mode): cachecraft without and with variants, and cacheblend (the issue's yardstick) on the base store
+RUNS = (("base", "base", MODE), ("variants", "variants", MODE), ("cacheblend", "base", "cacheblend"))
 
 
 def fit_bucket(scores: list[float]) -> str:
@@ -60,12 +62,13 @@ def run_request(
     targets = torch.tensor(reference.token_ids)
     reference_logprobs = answer_logprobs(base.fuser, prompt, "full_prefill", 1.0, reference.token_ids, kv_end)
     row: dict[str, Any] = {"id": request.id, "context_tokens": len(prompt.token_ids), "chunks": len(documents)}
-    for name, engine in engines.items():
-        fused = engine.fuser.fuse(prompt, MODE, ratio)
+    for name, engine_name, mode in RUNS:
+        engine = engines[engine_name]
+        fused = engine.fuser.fuse(prompt, mode, ratio)
         scores = [seg.cached.variant_score if seg.cached is not None else 0.0 for seg in fused.layout.chunk_segments()]
-        logprobs = answer_logprobs(engine.fuser, prompt, MODE, ratio, reference.token_ids, kv_end)
+        logprobs = answer_logprobs(engine.fuser, prompt, mode, ratio, reference.token_ids, kv_end)
         divergence = teacher_forced_divergence(reference_logprobs, logprobs, targets)
-        answer = engine.generate(BlendRequest(documents, request.question, MODE, ratio, sampling))
+        answer = engine.generate(BlendRequest(documents, request.question, mode, ratio, sampling))
         row[name] = {"recomputed_fraction": fused.prefill.recomputed_fraction, "tf_kl": divergence.kl,
                      "tf_nll_gap": divergence.nll_gap, "agreement_f1": token_f1(answer.text, reference.text),
                      "variant_scores": [round(s, 3) for s in scores]}
@@ -74,14 +77,14 @@ def run_request(
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per fit bucket (and all): requests, and each engine's mean recomputed share, teacher-forced KL, agreement."""
+    """Per fit bucket (and all): requests, and each run's mean recomputed share, teacher-forced KL, agreement."""
     buckets: dict[str, Any] = {}
     for bucket in ("all", "none", "partial", "exact"):
         chosen = [row for row in rows if bucket in ("all", row["fit"])]
         if not chosen:
             continue
         entry: dict[str, Any] = {"requests": len(chosen)}
-        for name in ENGINES:
+        for name, _, _ in RUNS:
             entry[name] = {
                 metric: round(statistics.fmean(row[name][metric] for row in chosen), 4)
                 for metric in ("recomputed_fraction", "tf_kl", "agreement_f1")
@@ -111,7 +114,7 @@ def main() -> None:
     rows = [run_request(engines, request, args.ratio, args.max_new_tokens)
             for request in read_workload(args.workload, args.num_requests)]
     stores = {name: engine.fuser.store for name, engine in engines.items()}
-    result = {**measured_on(dtype), "workload": str(args.workload), "requests": len(rows), "mode": MODE,
+    result = {**measured_on(dtype), "workload": str(args.workload), "requests": len(rows), "runs": RUNS,
               "ratio": args.ratio, "options": str(FusionOptions()), "rules": str(index.rules),
               "entries_stored": {name: len(store) for name, store in stores.items()},
               "bytes_stored": {name: stored_bytes(store) for name, store in stores.items()},
