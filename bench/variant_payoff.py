@@ -50,7 +50,7 @@ def fit_bucket(scores: list[float]) -> str:
 def run_request(
     engines: dict[str, TorchEngine], request: WorkloadRequest, ratio: float, max_new_tokens: int
 ) -> dict[str, Any]:
-    """One request through both engines; the row of its figures."""
+    """One request through every run; the row of its figures."""
     documents = list(request.documents)
     sampling = SamplingParams(max_new_tokens=max_new_tokens)
     for engine in engines.values():
@@ -107,8 +107,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    dtype = resolve_dtype(args.dtype, prepare_default_model(), on_gpu=False)
-    runner = ModelRunner(load_checkpoint(prepare_default_model(), torch_dtype(dtype)))
+    model_path = prepare_default_model()
+    dtype = resolve_dtype(args.dtype, model_path, on_gpu=False)
+    runner = ModelRunner(load_checkpoint(model_path, torch_dtype(dtype)))
     index = VariantIndex()
     engines = {"base": TorchEngine(Fuser(runner)), "variants": TorchEngine(Fuser(runner, variants=index))}
     rows = [run_request(engines, request, args.ratio, args.max_new_tokens)

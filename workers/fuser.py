@@ -172,11 +172,11 @@ class Fuser:
         """Store, for each chunk the context reached strongly here, its KV computed after this request's context."""
         base = self._context_ids(False, prompt)
         keys = chunk_keys(self.store, prompt.chunk_ids, base, namespace)
-        # A pass planned from stored impacts measures none: the stored mean stands in for this context's.
-        stored = self.stored_impacts(prompt, namespace)
         start = len(prompt.prefix_ids)
         for index, ids in enumerate(prompt.chunk_ids):
-            impact = fused.prefill.chunk_impacts.get(start, stored[index])
+            impact = fused.prefill.chunk_impacts.get(start)
+            if impact is None:  # a pass planned from stored impacts measures none: the stored mean stands in
+                impact = stored_impact(self.store, ids, base, namespace)
             if impact is not None and variants.worth_creating(keys[index], keys[:index], impact):
                 context = prompt.prefix_ids + [t for chunk in prompt.chunk_ids[:index] for t in chunk]
                 self.store.put(compute_chunk_kv(self.runner, ids, context), context, namespace)
