@@ -2,13 +2,13 @@
 
 Two torch engines over one model, each with its own chunk store: `base` reads every chunk's base KV (computed
 after the prompt prefix); `variants` also keeps variants (workers/chunk_variants.py: a chunk's KV computed after
-the chunks that preceded it in an earlier request, made at write-back where its impact is high enough, at most
-two per chunk) and serves the best-fitting one. The workload's requests go through both in order, as one worker
-would serve them. Per request: chunk KV stored first (a first sight is computed in full, not scored), then
-full prefill's greedy answer (the reference) and, per run (cachecraft on each engine, cacheblend on `base` as
-the yardstick), the mode at --ratio: the variant fit of each chunk read and the share of the context's per-layer
-KV recomputed (one fusion), the teacher-forced KL along the reference answer (a second), the greedy answer and
-its write-back (a third, which is when variants are made).
+the chunks that preceded it in an earlier request, made at write-back where its impact is high enough and, by
+default, only once those preceding chunks recur; at most two per chunk) and serves the best-fitting one. The
+workload's requests go through both in order, as one worker would serve them. Per request: chunk KV stored first
+(a first sight is computed in full, not scored), then full prefill's greedy answer (the reference) and, per run
+(cachecraft on each engine, cacheblend on `base` as the yardstick), the mode at --ratio: the variant fit of each
+chunk read and the share of the context's per-layer KV recomputed (one fusion), the teacher-forced KL along the
+reference answer (a second), the greedy answer and its write-back (a third, which is when variants are made).
 """
 import argparse
 import json
@@ -21,7 +21,7 @@ import torch
 from cluster.bench_workload import WorkloadRequest, read_workload
 from workers.checkpoint import load_checkpoint
 from workers.chunk_store import LocalChunkStore
-from workers.chunk_variants import VariantIndex
+from workers.chunk_variants import VariantIndex, VariantRules
 from workers.default_model import prepare_default_model
 from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 from workers.engine_base import BlendRequest
@@ -105,12 +105,14 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
+    parser.add_argument("--create-after", type=int, default=VariantRules().create_after_sightings,
+                        help="sightings of a chunk's preceding chunks before a variant is made (1: on first sight)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     model_path = prepare_default_model()
     dtype = resolve_dtype(args.dtype, model_path, on_gpu=False)
     runner = ModelRunner(load_checkpoint(model_path, torch_dtype(dtype)))
-    index = VariantIndex()
+    index = VariantIndex(VariantRules(create_after_sightings=args.create_after))
     engines = {"base": TorchEngine(Fuser(runner)), "variants": TorchEngine(Fuser(runner, variants=index))}
     rows = [run_request(engines, request, args.ratio, args.max_new_tokens)
             for request in read_workload(args.workload, args.num_requests)]

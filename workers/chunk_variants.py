@@ -6,9 +6,11 @@ overlap the request's: its KV already carries most of the cross-chunk attention,
 The fit here is the overlap of the two sets of preceding chunks (shared over all, so chunks the variant saw
 but the request lacks count against it) less a penalty for the shared ones appearing in another order.
 Variants live in the chunk store like any chunk (their context is part of the key), so they count against
-its capacity; this index only says which exist, bounded per chunk.
+its capacity; this index only says which exist, bounded per chunk, and which contexts each chunk was seen in:
+a variant is made for a context only once it recurs, since one seen once mostly never is again.
 """
 import threading
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,9 +51,15 @@ class VariantRules:
     min_score: float = 0.5  # a variant fitting a request less than this is not served
     create_above: float = 0.3  # a variant is made only for a chunk whose measured impact here is at least this
     order_weight: float = 0.5
+    # A variant is made once this many requests (this one included) put the chunk after preceding chunks that fit
+    # each other at min_score: a context seen once is rarely seen again (bench/variant_rules.py).
+    create_after_sightings: int = 2
+    sightings_per_chunk: int = 8  # the latest contexts remembered per chunk
+    max_tracked_chunks: int = 65536  # chunks whose sightings are remembered (least recently seen forgotten first)
 
     def __post_init__(self) -> None:
-        check_count("max_per_chunk", self.max_per_chunk, 1)
+        for name in ("max_per_chunk", "create_after_sightings", "sightings_per_chunk", "max_tracked_chunks"):
+            check_count(name, getattr(self, name), 1)
         for name in ("min_score", "create_above", "order_weight"):
             check(0.0 <= getattr(self, name) <= 1.0, name, "in [0, 1]", getattr(self, name))
 
@@ -62,6 +70,7 @@ class VariantIndex:
     def __init__(self, rules: VariantRules = VariantRules()) -> None:
         self.rules = rules
         self._variants: dict[str, list[Variant]] = {}
+        self._sightings: OrderedDict[str, deque[tuple[str, ...]]] = OrderedDict()  # chunk key -> preceding chunks
         self._lock = threading.Lock()
 
     def best(self, chunk_key: str, request_before: Sequence[str]) -> tuple[Variant, float] | None:
@@ -80,12 +89,21 @@ class VariantIndex:
             return variant, score
 
     def worth_creating(self, chunk_key: str, request_before: Sequence[str], impact: float) -> bool:
-        """A chunk the context reaches strongly, with preceding chunks no variant fits yet, is worth a variant."""
-        if not request_before or impact < self.rules.create_above:
+        """A chunk the context reaches strongly, after preceding chunks seen before that no variant fits yet.
+
+        Every call with preceding chunks counts as a sighting of them, whatever the answer.
+        """
+        if not request_before:
             return False
+        rules = self.rules
         with self._lock:
+            seen = self._seen(chunk_key)
+            fits = sum(overlap_score(request_before, before, rules.order_weight) >= rules.min_score for before in seen)
+            seen.append(tuple(request_before))
+            if impact < rules.create_above or fits + 1 < rules.create_after_sightings:
+                return False
             known = self._variants.get(chunk_key, [])
-            return all(overlap_score(request_before, v.before, self.rules.order_weight) < 1.0 for v in known)
+            return all(overlap_score(request_before, v.before, rules.order_weight) < 1.0 for v in known)
 
     def add(self, chunk_key: str, variant: Variant) -> Variant | None:
         """Record a stored variant; returns the one dropped to stay within the bound (to delete from the store)."""
@@ -97,6 +115,16 @@ class VariantIndex:
             dropped = min(variants[:-1], key=lambda v: v.uses)  # the newcomer has had no chance to be used
             variants.remove(dropped)
             return dropped
+
+    def _seen(self, chunk_key: str) -> deque[tuple[str, ...]]:
+        """The chunk's remembered contexts, marked most recently seen; past the bound the least recent is forgotten."""
+        seen = self._sightings.get(chunk_key)
+        if seen is None:
+            seen = self._sightings[chunk_key] = deque(maxlen=self.rules.sightings_per_chunk)
+            if len(self._sightings) > self.rules.max_tracked_chunks:
+                self._sightings.popitem(last=False)
+        self._sightings.move_to_end(chunk_key)
+        return seen
 
     def count(self, chunk_key: str) -> int:
         """How many variants the chunk has."""

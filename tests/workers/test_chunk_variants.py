@@ -41,7 +41,7 @@ def test_variants_per_chunk_are_bounded_dropping_the_least_used() -> None:
 
 
 def test_a_variant_is_made_only_for_a_reached_chunk_no_variant_fits() -> None:
-    index = VariantIndex(VariantRules(create_above=0.3))
+    index = VariantIndex(VariantRules(create_above=0.3, create_after_sightings=1))
     assert not index.worth_creating("k", [], 0.9)  # first chunk: its KV after the prefix is already exact
     assert not index.worth_creating("k", ["a"], 0.1)  # the context barely reaches it
     assert index.worth_creating("k", ["a"], 0.5)
@@ -52,11 +52,35 @@ def test_a_variant_is_made_only_for_a_reached_chunk_no_variant_fits() -> None:
         VariantRules(max_per_chunk=0)
 
 
+def test_a_variant_is_made_only_once_its_preceding_chunks_recur() -> None:
+    index = VariantIndex(VariantRules(create_above=0.3, create_after_sightings=2, sightings_per_chunk=2))
+    assert not index.worth_creating("k", ["a", "b"], 0.9)  # first sight of this context
+    assert not index.worth_creating("k", ["c"], 0.9)  # another context, fits the first at 0
+    assert index.worth_creating("k", ["b", "a"], 0.9)  # fits the first at 0.5 (same chunks, other order)
+    assert not index.worth_creating("j", ["a", "b"], 0.9)  # sightings are per chunk
+    assert not index.worth_creating("k", ["d"], 0.1)  # a weak impact makes none, but the sighting counts
+    assert not index.worth_creating("k", ["e"], 0.9)
+    assert index.worth_creating("k", ["d"], 0.9)
+    assert not index.worth_creating("k", ["c"], 0.9)  # only the latest 2 contexts are remembered: ["c"] was not
+    for name in ("create_after_sightings", "sightings_per_chunk", "max_tracked_chunks"):
+        with pytest.raises(ValueError):
+            VariantRules(**{name: 0})
+
+
+def test_sightings_are_forgotten_for_the_least_recently_seen_chunk_past_the_bound() -> None:
+    index = VariantIndex(VariantRules(create_after_sightings=2, max_tracked_chunks=2))
+    for key in ("x", "y", "x", "z"):  # z's first sight forgets y (x was seen since)
+        index.worth_creating(key, ["a"], 0.9)
+    assert not index.worth_creating("y", ["a"], 0.9)
+    assert index.worth_creating("z", ["a"], 0.9)
+
+
 @pytest.mark.slow
 def test_a_variant_made_after_a_request_serves_the_same_context_exactly(
     runner: ModelRunner, qa_records: list[dict]
 ) -> None:
-    fuser = Fuser(runner, FusionOptions(craft_stop_after=None), variants=VariantIndex(VariantRules(create_above=0.0)))
+    rules = VariantRules(create_above=0.0, create_after_sightings=1)
+    fuser = Fuser(runner, FusionOptions(craft_stop_after=None), variants=VariantIndex(rules))
     record = qa_records[0]
     prompt = fuser.layout(record["documents"], record["question"])
     fuser.precompute(prompt)
