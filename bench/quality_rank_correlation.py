@@ -18,6 +18,7 @@ from workers.checkpoint import load_checkpoint
 from workers.default_model import prepare_default_model
 from workers.dtype import measured_on
 from workers.evaluation.dataset import load_records
+from workers.evaluation.rank_correlation import spearman
 from workers.fuser import Fuser
 from workers.fusion.cacheblend import step_deviation
 from workers.fusion.layout import BlendLayout
@@ -31,13 +32,6 @@ CHECK_LAYER = 1
 
 class _Stop(Exception):
     """Ends the pass once the check layer's deviation is known."""
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman rank correlation of two score vectors (ties broken by order). # [N], [N]"""
-    ranks = [torch.argsort(torch.argsort(x.double())).double() for x in (a, b)]
-    ra, rb = (r - r.mean() for r in ranks)
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()).clamp_min(1e-30))
 
 
 def check_deviation(runner: ModelRunner, fuser: Fuser, layout: BlendLayout) -> tuple[torch.Tensor, torch.Tensor]:

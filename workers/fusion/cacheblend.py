@@ -9,7 +9,7 @@ from workers.fusion.deviation import keep_top_spans, kv_deviation, ratio_count
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
-from workers.fusion.sparsity import escalated_ratio
+from workers.fusion.sparsity import coverage, escalated_ratio
 from workers.kv_cache import KVCache
 from workers.runner import ModelRunner
 
@@ -18,9 +18,10 @@ _log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _RequestRatio:
-    """The ratio one request runs at; the check layer may raise it."""
+    """The ratio one request runs at (the check layer may raise it) and how concentrated its deviation was there."""
 
     value: float
+    coverage: float | None = None
 
 
 class CacheBlend(FusionMode):
@@ -43,6 +44,7 @@ class CacheBlend(FusionMode):
             runner, layout, cache, self.initial(layout, ratio), lambda step: self._narrow(step, state), feed
         )
         result.recompute_ratio = state.value
+        result.check_coverage = state.coverage
         return result
 
     def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
@@ -56,9 +58,11 @@ class CacheBlend(FusionMode):
         forced = step.layout.forced[step.positions]
         num_reusable = int((~step.layout.forced).sum())
         deviation = step_deviation(step, opts.deviation_metric)
-        if step.layer == opts.filter_layers[0] and opts.fallback_min_coverage > 0.0:
+        if step.layer == opts.filter_layers[0]:
+            reusable = deviation[~forced]
+            state.coverage = coverage(reusable, ratio_count(min(1.0, state.value * multiplier), reusable.numel()))
             raised = escalated_ratio(
-                deviation[~forced], state.value, multiplier, opts.fallback_min_coverage, opts.fallback_full_above
+                reusable, state.value, multiplier, opts.fallback_min_coverage, opts.fallback_full_above
             )
             if raised > state.value:
                 _log.info("cacheblend: deviation not sparse at layer %d; ratio %.2f -> %.2f", step.layer,

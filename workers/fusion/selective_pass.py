@@ -37,6 +37,7 @@ class PrefillResult:
     num_layers: int
     recompute_ratio: float | None = None  # the ratio the mode ended up using, when it raised the one asked for
     chunk_impacts: dict[int, float] = field(default_factory=dict)  # segment start -> impact the mode measured
+    check_coverage: float | None = None  # cacheblend: share of the check layer's deviation its kept tokens held
 
     @property
     def recomputed_fraction(self) -> float:

@@ -45,3 +45,16 @@ def test_not_sparse_at_all_recomputes_in_full(checkpoint: Checkpoint, qa_records
     torch.testing.assert_close(
         result.stats.first_token_logprobs, reference.stats.first_token_logprobs, atol=2e-3, rtol=0.0
     )
+
+
+def test_the_check_layers_coverage_is_reported_and_grows_with_the_ratio(
+    checkpoint: Checkpoint, qa_records: list[dict]
+) -> None:
+    engine = TorchEngine.from_checkpoint(checkpoint)  # fallback off: the coverage is still measured
+    record = qa_records[1]
+    prompt = engine.fuser.layout(record["documents"], record["question"])
+    engine.fuser.precompute(prompt)
+    coverage = {ratio: engine.fuser.fuse(prompt, "cacheblend", ratio).prefill.check_coverage for ratio in (0.15, 0.3)}
+    # layers 0-1 compute every token whatever the ratio, so one deviation is ranked: more kept, more of it held
+    assert 0.15 < coverage[0.15] < coverage[0.3] <= 1.0, coverage
+    assert engine.fuser.fuse(prompt, "full_reuse", 0.0).prefill.check_coverage is None
