@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from bench.frontier import read_rows
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on
+from workers.dtype import measured_on
+from workers.evaluation.arguments import add_record_arguments
 from workers.evaluation.bootstrap import bootstrap_interval
 from workers.evaluation.dataset import load_records
-from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
-from workers.evaluation.evaluate import NAMESPACE, EngineAccess
+from workers.evaluation.engines import load_eval_engine
+from workers.evaluation.evaluate import NAMESPACE, EngineAccess, read_rows
 from workers.evaluation.rank_correlation import spearman
 
 THRESHOLDS = (0.5, 0.6, 0.7)
@@ -77,11 +77,7 @@ def signal_report(coverages: dict[str, float], rows_path: Path, ratio: float) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/musique_cacheblend.dev.jsonl"))
-    parser.add_argument("--limit", type=int, default=100)
-    parser.add_argument("--offset", type=int, default=0)
-    parser.add_argument("--engine", choices=ENGINE_KINDS, default="vllm")
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
+    add_record_arguments(parser)
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--rows", type=Path, required=True, help="the frontier's per-record rows (bench/frontier.py)")
     parser.add_argument("--out", type=Path, required=True)

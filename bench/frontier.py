@@ -18,10 +18,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on  # noqa: E402
+from workers.dtype import measured_on  # noqa: E402
+from workers.evaluation.arguments import add_record_arguments  # noqa: E402
 from workers.evaluation.dataset import load_records  # noqa: E402
-from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine  # noqa: E402
-from workers.evaluation.evaluate import REFERENCE_MODE, EvalRun, RecordScore, evaluate, score_row, summarise  # noqa: E402
+from workers.evaluation.engines import load_eval_engine  # noqa: E402
+from workers.evaluation.evaluate import (  # noqa: E402
+    REFERENCE_MODE,
+    EvalRun,
+    evaluate,
+    read_rows,
+    score_row,
+    summarise,
+)
 from workers.fusion.base import FusionMode, FusionOptions  # noqa: E402
 from workers.fusion.cachecraft import CacheCraft  # noqa: E402
 from workers.fusion.registry import make_fusion_modes  # noqa: E402
@@ -54,13 +62,6 @@ def frontier_runs(modes: list[str], ratios: list[float]) -> list[EvalRun]:
     return runs
 
 
-def read_rows(path: Path) -> list[RecordScore]:
-    """The record scores already written (none when the file does not exist)."""
-    if not path.exists():
-        return []
-    return [RecordScore(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-
-
 def plot(summary: dict[str, dict[str, Any]], modes: list[str], title: str, path: Path) -> None:
     """Agreement F1 (95% interval bars) against TTFT median, one line per mode through its ratios."""
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -90,10 +91,7 @@ def plot(summary: dict[str, dict[str, Any]], modes: list[str], title: str, path:
 def main() -> None:
     """Run the records not yet in --rows, then summarise every row there."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/musique_cacheblend.dev.jsonl"))
-    parser.add_argument("--limit", type=int, default=100)
-    parser.add_argument("--offset", type=int, default=0)
-    parser.add_argument("--engine", choices=ENGINE_KINDS, default="vllm")
+    add_record_arguments(parser)
     parser.add_argument("--model", type=Path, help="a checkpoint directory (default: the default model)")
     parser.add_argument("--modes", default=DEFAULT_MODES)
     parser.add_argument("--ratios", default=DEFAULT_RATIOS)
@@ -101,7 +99,6 @@ def main() -> None:
     parser.add_argument("--rows", type=Path, required=True, help="per-record scores, JSON lines (appended)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--plot", type=Path)
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
     parser.add_argument("--summarise-only", action="store_true", help="only summarise the rows already written")
     parser.add_argument("--cachecraft-variants", action="store_true",
                         help="also offer the Cache-Craft ablation modes (CACHECRAFT_VARIANTS)")

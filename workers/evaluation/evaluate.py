@@ -1,8 +1,10 @@
 """Run fusion modes side by side on the same records: answers through the engine, divergence through its fusion."""
+import json
 import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -153,6 +155,13 @@ def summarise(scores: list[RecordScore], runs: list[EvalRun] | None = None) -> d
 def score_row(score: RecordScore) -> dict[str, Any]:
     """A record's score as a JSON object."""
     return asdict(score)
+
+
+def read_rows(path: Path) -> list[RecordScore]:
+    """Record scores written one JSON object a line by score_row (none when the file does not exist)."""
+    if not path.exists():
+        return []
+    return [RecordScore(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _answer(engine: Engine, record: QARecord, mode: str, ratio: float, sampling: SamplingParams) -> BlendResult:
