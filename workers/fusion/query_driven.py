@@ -166,12 +166,11 @@ def question_attention(
         if window is not None:
             own_visible = causal & ((q_positions[:, None] - q_positions[None, :]) < window)
             context_visible = ((q_positions[:, None] - keys_at[None, :]) < window).to(runner.device)  # [Q, N]
-        probs, attn = scout_attention(
+        received, attn = scout_attention(
             q, k, v, cache.data[layer, 0, device_keys], cache.data[layer, 1, device_keys],
-            own_visible.to(runner.device), cfg.attention_scale, context_visible,
-        )  # [H_kv, G, Q, N + Q], [Q, H * D]
+            own_visible.to(runner.device), cfg.attention_scale, context_visible, counted,
+        )  # [N], [Q, H * D]
         h = runner.after_attention(layer, h, attn.to(h.dtype))
-        received = probs[:, :, counted, : keys_at.shape[0]].sum(dim=(0, 1, 2))  # [N]
         scores[layer, keys_at] = received.to(scores.device)
     return scores
 
@@ -185,15 +184,19 @@ def scout_attention(
     own_visible: torch.Tensor,
     scale: float,
     context_visible: torch.Tensor | None = None,
+    counted: slice = slice(None),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The question's attention over the context's cached K/V and its own (causal), with the weights.
+    """The question's attention over the context's cached K/V and its own (causal), and what the context received.
 
     The two products with the context run in the cache's dtype (fp32 accumulation, as the engines' attention
-    kernels do) and read the cache in place; the softmax is float32. Concatenating the context with the
-    question's K/V and upcasting it first, as a plain einsum would, copied the whole context twice a layer.
+    kernels do) and read the cache in place; the softmax is float32, over the context's logits and the
+    question's own as one row without joining them, normalised in place: the [H, Q, N] weights are written
+    once and never copied (concatenating and a plain softmax copied them three times a layer).
     q: [Q, H, D], k/v: [Q, H_kv, D], context_k/v: [N, H_kv, D], own_visible: [Q, Q] bool,
-    context_visible: [Q, N] bool (None: every context key), scale: the logits' factor
-    -> probs [H_kv, G, Q, N + Q] float32, attention output [Q, H * D] float32
+    context_visible: [Q, N] bool (None: every context key), scale: the logits' factor, counted: the queries whose
+    weights are summed
+    -> received [N] float32 (attention weight on each context key, summed over heads and counted queries),
+       attention output [Q, H * D] float32
     """
     num_queries, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -201,18 +204,22 @@ def scout_attention(
     dtype = context_k.dtype
     q_grouped = (q.float() * scale).reshape(num_queries, num_kv_heads, group, head_dim)
     q_grouped = q_grouped.permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_queries, head_dim)  # [H_kv, G*Q, D]
-    context_logits = torch.bmm(q_grouped.to(dtype), context_k.permute(1, 2, 0)).float()  # [H_kv, G*Q, N]
+    weights = torch.bmm(q_grouped.to(dtype), context_k.permute(1, 2, 0)).float()  # [H_kv, G*Q, N] logits
     if context_visible is not None:
-        context_logits = context_logits.masked_fill(~context_visible.repeat(group, 1), float("-inf"))
-    own_logits = torch.bmm(q_grouped, k.float().permute(1, 2, 0))  # [H_kv, G*Q, Q]
-    own_logits = own_logits.masked_fill(~own_visible.repeat(group, 1), float("-inf"))
-    probs = torch.cat([context_logits, own_logits], dim=-1).softmax(dim=-1)  # [H_kv, G*Q, N + Q]
-    num_context = context_k.shape[0]
-    out = torch.bmm(probs[..., :num_context].to(dtype), context_v.permute(1, 0, 2)).float()  # [H_kv, G*Q, D]
-    out = out + torch.bmm(probs[..., num_context:], v.float().permute(1, 0, 2))
+        weights.masked_fill_(~context_visible.repeat(group, 1), float("-inf"))
+    own = torch.bmm(q_grouped, k.float().permute(1, 2, 0))  # [H_kv, G*Q, Q]
+    own.masked_fill_(~own_visible.repeat(group, 1), float("-inf"))
+    top = torch.maximum(weights.amax(-1, keepdim=True), own.amax(-1, keepdim=True))  # finite: a query sees itself
+    weights.sub_(top).exp_()
+    own.sub_(top).exp_()
+    total = weights.sum(-1, keepdim=True) + own.sum(-1, keepdim=True)  # [H_kv, G*Q, 1]
+    weights.div_(total)  # the softmax over [context | own], context part
+    own.div_(total)
+    out = torch.bmm(weights.to(dtype), context_v.permute(1, 0, 2)).float()  # [H_kv, G*Q, D]
+    out = out + torch.bmm(own, v.float().permute(1, 0, 2))
     out = out.reshape(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3)  # [Q, H_kv, G, D]
-    probs = probs.reshape(num_kv_heads, group, num_queries, num_context + num_queries)
-    return probs, out.reshape(num_queries, num_heads * head_dim)
+    received = weights.view(num_kv_heads, group, num_queries, -1)[:, :, counted].sum(dim=(0, 1, 2))  # [N]
+    return received, out.reshape(num_queries, num_heads * head_dim)
 
 
 def _cached_positions(layout: BlendLayout, end: int) -> torch.Tensor:

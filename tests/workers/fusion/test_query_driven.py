@@ -75,10 +75,11 @@ def _attention_by_definition(
     return probs, torch.einsum("hqn,nhd->qhd", probs, values).reshape(num_queries, -1)
 
 
+@pytest.mark.parametrize("counted", [slice(None), slice(2, None)])
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_scout_attention_is_grouped_causal_attention_over_context_and_question(
-    dtype: torch.dtype, window: int | None
+    dtype: torch.dtype, window: int | None, counted: slice
 ) -> None:
     torch.manual_seed(0)
     num_queries, num_context, num_kv_heads, group, head_dim = 5, 37, 3, 3, 64
@@ -88,16 +89,18 @@ def test_scout_attention_is_grouped_causal_attention_over_context_and_question(
     own = torch.ones(num_queries, num_queries, dtype=torch.bool).tril()
     query_at = torch.arange(num_context, num_context + num_queries)[:, None]
     context_visible = None if window is None else (query_at - torch.arange(num_context)[None, :]) < window
-    probs, out = scout_attention(q, k, v, context_k, context_v, own, 0.125, context_visible)
-    want_probs, want_out = _attention_by_definition(q, k, v, context_k, context_v, window)
-    # float32: rounding only; bf16: the context products are rounded to bf16 (8 significant bits)
+    received, out = scout_attention(q, k, v, context_k, context_v, own, 0.125, context_visible, counted)
+    want_probs, want_out = _attention_by_definition(q, k, v, context_k, context_v, window)  # [H, Q, N + Q]
+    want_received = want_probs[:, counted, :num_context].sum(dim=(0, 1))  # [N]
+    # float32: rounding only; bf16: the context products are rounded to bf16 (8 significant bits). Measured:
+    # 3e-7 and 3e-3 on sums up to 3.1, within one weight's tolerance although up to 45 weights are summed
     tolerance = 1e-5 if dtype == torch.float32 else 2 * 2.0**-8
-    got_probs = probs.reshape(num_kv_heads * group, num_queries, -1).double()
-    torch.testing.assert_close(got_probs, want_probs, atol=tolerance, rtol=0.0)
+    num_summed = want_probs[:, counted].shape[0] * want_probs[:, counted].shape[1]
+    torch.testing.assert_close(received.double(), want_received, atol=tolerance, rtol=0.0)
     torch.testing.assert_close(out.double(), want_out, atol=tolerance * float(want_out.abs().max()), rtol=0.0)
-    assert float(got_probs[:, 0, num_context + 1 :].abs().sum()) == 0.0  # the first query sees no later question key
-    if window is not None:  # the last query, at position N + Q - 1, sees no context key more than `window` back
-        assert float(got_probs[:, -1, : num_context + num_queries - window].abs().sum()) == 0.0
+    if window is not None:  # the first question token, at position N, sees no context key `window` or more back
+        assert float(received[: num_context - window + 1].abs().sum()) == 0.0
+    assert 0.0 < float(received.sum()) / num_summed < 1.0  # each row's weights sum to 1 over [context | own]
 
 
 def test_the_scout_over_the_cached_context_is_full_reuse_and_ratio_one_is_full_prefill(
