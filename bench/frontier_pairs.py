@@ -1,0 +1,60 @@
+"""Paired comparisons between two frontier runs on the same records (e.g. two modes at about the same TTFT).
+
+For each pair A:B of labels in the frontier's rows (bench/frontier.py), over the records that have both: each
+metric's mean difference A - B with its 95% paired bootstrap interval, and both runs' TTFT medians.
+"""
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from workers.evaluation.bootstrap import paired_difference_interval
+from workers.evaluation.evaluate import RecordScore, read_rows
+
+METRICS = ("agreement_f1", "exact_match", "tf_kl", "ttft_s", "recomputed_fraction")
+
+
+def paired_report(rows: list[RecordScore], first: str, second: str) -> dict[str, Any]:
+    """A - B per metric over the records both labels ran on."""
+    by_label: dict[str, dict[str, RecordScore]] = {}
+    for row in rows:
+        by_label.setdefault(row.label, {})[row.record] = row
+    a, b = by_label.get(first, {}), by_label.get(second, {})
+    records = [record for record in a if record in b]
+    if not records:
+        raise ValueError(f"no record has both {first!r} and {second!r}")
+    report: dict[str, Any] = {"pair": f"{first} - {second}", "records": len(records)}
+    for metric in METRICS:
+        x = [getattr(a[r], metric) for r in records]
+        y = [getattr(b[r], metric) for r in records]
+        report[metric] = {"difference": statistics.fmean(x) - statistics.fmean(y),
+                          "ci95": list(paired_difference_interval(x, y))}
+    report["ttft_s_median"] = {first: statistics.median(a[r].ttft_s for r in records),
+                               second: statistics.median(b[r].ttft_s for r in records)}
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=Path, required=True)
+    parser.add_argument("--pairs", nargs="+", required=True,
+                        help="LABEL_A:LABEL_B, e.g. query_driven@0.05:cacheblend@0.15")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rows = read_rows(args.rows)
+    reports = [paired_report(rows, *pair.split(":", 1)) for pair in args.pairs]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"rows": str(args.rows), "pairs": reports}, indent=1) + "\n")
+    for report in reports:
+        figures = ", ".join(_difference(m, report[m]) for m in METRICS)
+        print(f"{report['pair']} ({report['records']} records): {figures}")
+
+
+def _difference(metric: str, entry: dict[str, Any]) -> str:
+    low, high = entry["ci95"]
+    return f"{metric} {entry['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+if __name__ == "__main__":
+    main()
