@@ -23,6 +23,7 @@ WORKLOAD = [
 ]
 
 
+@pytest.mark.slow  # ~2 min: a Ray Serve app and a vLLM server; test_serving / test_vllm_serving cover the HTTP path
 def test_bench_serve_drives_blendserve_and_plain_vllm_with_the_same_prompts(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
