@@ -100,6 +100,14 @@ def test_scout_attention_is_grouped_causal_attention_over_context_and_question(
     torch.testing.assert_close(out.double(), want_out, atol=tolerance * float(want_out.abs().max()), rtol=0.0)
     if window is not None:  # the first question token, at position N, sees no context key `window` or more back
         assert float(received[: num_context - window + 1].abs().sum()) == 0.0
+        # the last, at N + Q - 1, none before N + Q - window
+        last, _ = scout_attention(q, k, v, context_k, context_v, own, 0.125, context_visible, slice(-1, None))
+        assert float(last[: num_context + num_queries - window].abs().sum()) == 0.0
+    # the first query sees no later question key: changing those keys and values leaves its output as it was
+    later_k, later_v = k.clone(), v.clone()
+    later_k[1:], later_v[1:] = later_k[1:] + 1.0, later_v[1:] - 1.0
+    _, moved = scout_attention(q, later_k, later_v, context_k, context_v, own, 0.125, context_visible, counted)
+    assert torch.equal(moved[0], out[0]) and not torch.equal(moved[1:], out[1:])
     assert 0.0 < float(received.sum()) / num_summed < 1.0  # each row's weights sum to 1 over [context | own]
 
 
