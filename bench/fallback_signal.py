@@ -67,7 +67,7 @@ def signal_report(coverages: dict[str, float], rows_path: Path, ratio: float) ->
     }
     for threshold in [*THRESHOLDS, float(signal.median())]:
         low = [k for k, c in enumerate(signal.tolist()) if c < threshold]
-        high = [k for k in range(len(ids)) if k not in set(low)]
+        high = [k for k, c in enumerate(signal.tolist()) if c >= threshold]
         report["by_threshold"][f"{threshold:.3f}"] = {
             name: {"below": _group([values[k] for k in low]), "at_or_above": _group([values[k] for k in high])}
             for name, values in figures.items()

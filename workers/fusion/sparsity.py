@@ -1,7 +1,7 @@
 """Is a request sparse enough for selective recompute? The deviation at the check layer decides (pure functions)."""
-import math
-
 import torch
+
+from workers.fusion.deviation import ratio_count
 
 
 def coverage(deviation: torch.Tensor, num_keep: int) -> float:
@@ -35,7 +35,7 @@ def escalated_ratio(
     num_tokens = deviation.numel()
     if min_coverage <= 0.0 or num_tokens == 0:
         return ratio
-    kept = min(num_tokens, math.ceil(min(1.0, ratio * multiplier) * num_tokens - 1e-9))
+    kept = ratio_count(min(1.0, ratio * multiplier), num_tokens)
     if coverage(deviation, kept) >= min_coverage:
         return ratio
     needed = tokens_for_coverage(deviation, min_coverage) / num_tokens / multiplier
