@@ -1,18 +1,22 @@
 """When a Cache-Craft chunk variant pays off (issue 19): one reuse stream fused by cachecraft with and without them.
 
-Two torch engines over one model, each with its own chunk store: `base` reads every chunk's base KV (computed
-after the prompt prefix); `variants` also keeps variants (workers/chunk_variants.py: a chunk's KV computed after
-the chunks that preceded it in an earlier request, made at write-back where its impact is high enough and, by
-default, only once those preceding chunks recur; at most two per chunk) and serves the best-fitting one. The
-workload's requests go through both in order, as one worker would serve them. Per request: chunk KV stored first
-(a first sight is computed in full, not scored), then full prefill's greedy answer (the reference) and, per run
-(cachecraft on each engine, cacheblend on `base` as the yardstick), the mode at --ratio: the variant fit of each
-chunk read and the share of the context's per-layer KV recomputed (one fusion), the teacher-forced KL along the
-reference answer (a second), the greedy answer and its write-back (a third, which is when variants are made).
+Two engines over one model (torch, or one vLLM engine fusing with two Fusers), each with its own chunk store: `base`
+reads every chunk's base KV (computed after the prompt prefix); `variants` also keeps variants
+(workers/chunk_variants.py: a chunk's KV computed after the chunks that preceded it in an earlier request, made at
+write-back where its impact is high enough and, by default, only once those preceding chunks recur; at most two per
+chunk) and serves the best-fitting one. The workload's requests go through both in order, as one worker would serve
+them. Per request: chunk KV stored first (a first sight is computed in full, not scored), then full prefill's greedy
+answer (the reference) and, per run (cachecraft on each engine, cacheblend on `base` as the yardstick, and
+query_driven on `base` at each of --query-driven-ratios), the mode at --ratio: the variant fit of each chunk read
+and the share of the context's per-layer KV recomputed (one fusion), the teacher-forced KL along the reference
+answer (a second), the greedy answer, its time to first token and its write-back (a third, which is when variants
+are made).
 """
 import argparse
 import json
 import statistics
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,8 @@ from workers.default_model import prepare_default_model
 from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 from workers.engine_base import BlendRequest
 from workers.evaluation.divergence import teacher_forced_divergence
+from workers.evaluation.engines import ENGINE_KINDS, MAX_MODEL_LEN
+from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
 from workers.evaluation.scoring import token_f1
 from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
@@ -35,8 +41,25 @@ from workers.sampling import SamplingParams
 from workers.torch_engine import TorchEngine
 
 MODE = "cachecraft"
-# (run, engine, mode): cachecraft without and with variants, and cacheblend (the issue's yardstick) on the base store
-RUNS = (("base", "base", MODE), ("variants", "variants", MODE), ("cacheblend", "base", "cacheblend"))
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One mode on one engine at one ratio (None: --ratio)."""
+
+    name: str
+    engine: str
+    mode: str
+    ratio: float | None = None
+
+
+# cachecraft without and with variants, and cacheblend (the issue's yardstick) on the base store
+BASE_RUNS = (Run("base", "base", MODE), Run("variants", "variants", MODE), Run("cacheblend", "base", "cacheblend"))
+
+
+def make_runs(query_driven_ratios: list[float]) -> tuple[Run, ...]:
+    """The base runs, then query_driven (the fidelity issue's best mode at equal TTFT) at each ratio given."""
+    return BASE_RUNS + tuple(Run(f"query_driven@{r:g}", "base", "query_driven", r) for r in query_driven_ratios)
 
 
 def fit_bucket(scores: list[float]) -> str:
@@ -48,47 +71,55 @@ def fit_bucket(scores: list[float]) -> str:
 
 
 def run_request(
-    engines: dict[str, TorchEngine], request: WorkloadRequest, ratio: float, max_new_tokens: int
+    engines: dict[str, EngineAccess], runs: tuple[Run, ...], request: WorkloadRequest, ratio: float,
+    max_new_tokens: int,
 ) -> dict[str, Any]:
     """One request through every run; the row of its figures."""
     documents = list(request.documents)
     sampling = SamplingParams(max_new_tokens=max_new_tokens)
-    for engine in engines.values():
-        engine.store_documents(documents)
+    for access in engines.values():
+        access.engine.store_documents(documents)
     base = engines["base"]
-    prompt = base.fuser.layout(documents, request.question)
-    kv_end = len(prompt.token_ids)
-    reference = base.generate(BlendRequest(documents, request.question, "full_prefill", 1.0, sampling))
+    prompt = base.engine.fuser.layout(documents, request.question)
+    kv_end = base.kv_end(prompt)
+    reference = base.engine.generate(BlendRequest(documents, request.question, "full_prefill", 1.0, sampling))
     targets = torch.tensor(reference.token_ids)
-    reference_logprobs = answer_logprobs(base.fuser, prompt, "full_prefill", 1.0, reference.token_ids, kv_end)
-    row: dict[str, Any] = {"id": request.id, "context_tokens": len(prompt.token_ids), "chunks": len(documents)}
-    for name, engine_name, mode in RUNS:
-        engine = engines[engine_name]
-        fused = engine.fuser.fuse(prompt, mode, ratio)
+    reference_logprobs = base.call(
+        lambda: answer_logprobs(base.engine.fuser, prompt, "full_prefill", 1.0, reference.token_ids, kv_end)
+    )
+    row: dict[str, Any] = {"id": request.id, "context_tokens": len(prompt.token_ids), "chunks": len(documents),
+                           "full_prefill_ttft_s": reference.stats.ttft_s}
+    for run in runs:
+        access, fuser = engines[run.engine], engines[run.engine].engine.fuser
+        run_ratio = ratio if run.ratio is None else run.ratio
+        fused = access.call(lambda: fuser.fuse(prompt, run.mode, run_ratio, kv_end=kv_end))
         scores = [seg.cached.variant_score if seg.cached is not None else 0.0 for seg in fused.layout.chunk_segments()]
-        logprobs = answer_logprobs(engine.fuser, prompt, mode, ratio, reference.token_ids, kv_end)
+        logprobs = access.call(
+            lambda: answer_logprobs(fuser, prompt, run.mode, run_ratio, reference.token_ids, kv_end)
+        )
         divergence = teacher_forced_divergence(reference_logprobs, logprobs, targets)
-        answer = engine.generate(BlendRequest(documents, request.question, mode, ratio, sampling))
-        row[name] = {"recomputed_fraction": fused.prefill.recomputed_fraction, "tf_kl": divergence.kl,
-                     "tf_nll_gap": divergence.nll_gap, "agreement_f1": token_f1(answer.text, reference.text),
-                     "variant_scores": [round(s, 3) for s in scores]}
+        answer = access.engine.generate(BlendRequest(documents, request.question, run.mode, run_ratio, sampling))
+        row[run.name] = {"recomputed_fraction": fused.prefill.recomputed_fraction, "tf_kl": divergence.kl,
+                         "tf_nll_gap": divergence.nll_gap, "agreement_f1": token_f1(answer.text, reference.text),
+                         "ttft_s": answer.stats.ttft_s, "variant_scores": [round(s, 3) for s in scores]}
     row["fit"] = fit_bucket(row["variants"]["variant_scores"])
     return row
 
 
-def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per fit bucket (and all): requests, and each run's mean recomputed share, teacher-forced KL, agreement."""
+def summarise(rows: list[dict[str, Any]], runs: tuple[Run, ...]) -> dict[str, Any]:
+    """Per fit bucket (and all): requests, each run's mean recomputed share, KL and agreement, and TTFT median."""
     buckets: dict[str, Any] = {}
     for bucket in ("all", "none", "partial", "exact"):
         chosen = [row for row in rows if bucket in ("all", row["fit"])]
         if not chosen:
             continue
         entry: dict[str, Any] = {"requests": len(chosen)}
-        for name, _, _ in RUNS:
-            entry[name] = {
-                metric: round(statistics.fmean(row[name][metric] for row in chosen), 4)
+        for run in runs:
+            entry[run.name] = {
+                metric: round(statistics.fmean(row[run.name][metric] for row in chosen), 4)
                 for metric in ("recomputed_fraction", "tf_kl", "agreement_f1")
             }
+            entry[run.name]["ttft_s_median"] = round(statistics.median(row[run.name]["ttft_s"] for row in chosen), 4)
         buckets[bucket] = entry
     return buckets
 
@@ -98,30 +129,53 @@ def stored_bytes(store: LocalChunkStore) -> int:
     return sum(chunk.kv.numel() * chunk.kv.element_size() for chunk in store.entries.values())
 
 
+def load_engines(kind: str, dtype: str, rules: VariantRules) -> tuple[dict[str, EngineAccess], str]:
+    """`base` and `variants` over one model (SmolLM2, the default) with their own stores; the dtype they run."""
+    model_path = prepare_default_model()
+    dtype = resolve_dtype(dtype, model_path, on_gpu=False)
+    if kind == "torch":
+        runner = ModelRunner(load_checkpoint(model_path, torch_dtype(dtype)))
+        index = VariantIndex(rules)
+        engines = {"base": TorchEngine(Fuser(runner)), "variants": TorchEngine(Fuser(runner, variants=index))}
+        return {name: direct_access(engine) for name, engine in engines.items()}, dtype
+    from workers.vllm.engine import VLLMEngine  # imports vllm: only when asked for
+    from workers.vllm.settings import VLLMSettings
+
+    scratch = Path(tempfile.mkdtemp(prefix="blendserve-variants-"))
+    base = VLLMEngine.start(model_path, scratch, VLLMSettings(max_model_len=MAX_MODEL_LEN), dtype)
+    variants = base.with_fuser(Fuser(base.fuser.runner, variants=VariantIndex(rules)))
+    return {"base": engine_thread_access(base), "variants": engine_thread_access(variants)}, dtype
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", type=Path, required=True)
     parser.add_argument("--num-requests", type=int, default=80)
+    parser.add_argument("--engine", choices=ENGINE_KINDS, default="torch")
     parser.add_argument("--ratio", type=float, default=0.15)
+    parser.add_argument("--query-driven-ratios", default="",
+                        help="comma-separated ratios query_driven runs at on the base store (none by default)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
     parser.add_argument("--create-after", type=int, default=VariantRules().create_after_sightings,
                         help="sightings of a chunk's preceding chunks before a variant is made (1: on first sight)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    model_path = prepare_default_model()
-    dtype = resolve_dtype(args.dtype, model_path, on_gpu=False)
-    runner = ModelRunner(load_checkpoint(model_path, torch_dtype(dtype)))
-    index = VariantIndex(VariantRules(create_after_sightings=args.create_after))
-    engines = {"base": TorchEngine(Fuser(runner)), "variants": TorchEngine(Fuser(runner, variants=index))}
-    rows = [run_request(engines, request, args.ratio, args.max_new_tokens)
-            for request in read_workload(args.workload, args.num_requests)]
-    stores = {name: engine.fuser.store for name, engine in engines.items()}
-    result = {**measured_on(dtype), "workload": str(args.workload), "requests": len(rows), "runs": RUNS,
-              "ratio": args.ratio, "options": str(FusionOptions()), "rules": str(index.rules),
+    runs = make_runs([float(r) for r in args.query_driven_ratios.split(",") if r])
+    rules = VariantRules(create_after_sightings=args.create_after)
+    engines, dtype = load_engines(args.engine, args.dtype, rules)
+    try:
+        rows = [run_request(engines, runs, request, args.ratio, args.max_new_tokens)
+                for request in read_workload(args.workload, args.num_requests)]
+    finally:
+        engines["base"].engine.close()  # the vLLM engine both fuse on; nothing for torch
+    stores = {name: access.engine.fuser.store for name, access in engines.items()}
+    result = {**measured_on(dtype), "engine": args.engine, "workload": str(args.workload), "requests": len(rows),
+              "runs": [[run.name, run.engine, run.mode, run.ratio or args.ratio] for run in runs],
+              "ratio": args.ratio, "options": str(FusionOptions()), "rules": str(rules),
               "entries_stored": {name: len(store) for name, store in stores.items()},
               "bytes_stored": {name: stored_bytes(store) for name, store in stores.items()},
-              "summary": summarise(rows), "rows": rows}
+              "summary": summarise(rows, runs), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 

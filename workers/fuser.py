@@ -157,6 +157,10 @@ class Fuser:
             _log.warning("blendserve: %s; retrying the request's lookups", err)
             return self._fuse_once(prompt, mode, ratio, cache, namespace, kv_end)
 
+    def has_write_back(self, fused: FusedPrompt) -> bool:
+        """Whether write_back would store anything: a missed part, or (with variants) a chunk-reading pass."""
+        return fused.missed or (self.variants is not None and fused.mode.reads_chunk_cache)
+
     def write_back(self, fused: FusedPrompt, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> None:
         """Compute and store the parts a chunk-reading mode missed (never the question)."""
         if not fused.mode.reads_chunk_cache:

@@ -87,6 +87,7 @@ def test_a_variant_made_after_a_request_serves_the_same_context_exactly(
     fuser.fuse(prompt, "cachecraft", 0.15)  # measures and stores the chunks' impacts; no write-back
     first = fuser.fuse(prompt, "cachecraft", 0.15)
     assert not first.prefill.chunk_impacts  # planned up front from the stored impacts: it measures none
+    assert not first.missed and fuser.has_write_back(first)  # every chunk was stored, yet variants are due
     fuser.write_back(first, prompt)  # so variants are made from the stored impacts
     keys = chunk_keys(fuser.store, prompt.chunk_ids, prompt.prefix_ids, "default")
     assert [fuser.variants.count(key) for key in keys] == [0, 1, 1]  # the first chunk's KV is exact already

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from workers.chunk_store import LocalChunkStore
+from workers.chunk_variants import VariantIndex
 from workers.fuser import Fuser
 from workers.fusion.layout import SUFFIX
 from workers.runner import ModelRunner
@@ -52,6 +53,23 @@ def test_misses_are_written_back_and_a_refused_fuser_serves_full_prefill(
     refused = Fuser(runner, store=store, blending_refused="canary gate failed")
     served = refused.fuse(prompt, "cacheblend", 0.15)
     assert served.mode.name == "full_prefill" and served.reused_tokens_by_tier() == {}
+
+
+def test_with_variants_every_chunk_reading_pass_is_written_back_even_with_nothing_missed(
+    runner: ModelRunner, qa_records: list[dict]
+) -> None:
+    # The vLLM engine calls write_back only when has_write_back says so: variants are made there, after a hit.
+    store = LocalChunkStore()
+    plain, with_variants = Fuser(runner, store=store), Fuser(runner, store=store, variants=VariantIndex())
+    record = qa_records[0]
+    prompt = plain.layout(record["documents"], record["question"])
+    plain.precompute(prompt)
+    hit = plain.fuse(prompt, "cacheblend", 0.15)
+    assert not hit.missed and not plain.has_write_back(hit)
+    assert with_variants.has_write_back(with_variants.fuse(prompt, "cacheblend", 0.15))
+    assert not with_variants.has_write_back(with_variants.fuse(prompt, "full_prefill", 1.0))
+    missed = Fuser(runner, store=LocalChunkStore()).fuse(prompt, "cacheblend", 0.15)
+    assert missed.missed and plain.has_write_back(missed)
 
 
 def test_a_cache_too_small_and_an_unknown_chunk_context_are_refused(

@@ -85,6 +85,10 @@ class VLLMEngine(Engine):
             loop.close()
             raise
 
+    def with_fuser(self, fuser: Fuser) -> "VLLMEngine":
+        """Another engine over this one's vLLM (its thread and weights), fusing with `fuser`: e.g. its own store."""
+        return VLLMEngine(self._loop, fuser, self.settings)
+
     @property
     def limits(self) -> EngineLimits:
         """What vLLM schedules for one request (max_model_len within the model's context); every fusion mode."""
@@ -189,7 +193,7 @@ class VLLMEngine(Engine):
         fused = submitted.fused
 
         def write_back() -> None:
-            if fused is not None and fused.missed:
+            if fused is not None and self.fuser.has_write_back(fused):
                 self._loop.call(lambda: self.fuser.write_back(fused, prompt, request.namespace))
 
         return write_back

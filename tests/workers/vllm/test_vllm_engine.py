@@ -12,8 +12,11 @@ if importlib.util.find_spec("vllm") is None:
 from vllm import SamplingParams as VLLMSamplingParams  # noqa: E402
 
 from tests.workers.vllm.conftest import DATA_FILE, LOGPROB_ATOL  # noqa: E402
+from workers.chunk_variants import VariantIndex, VariantRules, chunk_keys  # noqa: E402
 from workers.engine_base import BlendRequest  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
+from workers.fuser import Fuser  # noqa: E402
+from workers.fusion.base import FusionOptions  # noqa: E402
 from workers.sampling import SamplingParams  # noqa: E402
 from workers.vllm import handoff  # noqa: E402
 
@@ -76,13 +79,10 @@ def test_vllm_rotary_kernel_moves_cached_keys_and_rotates_fresh_ones_like_blends
     assert not torch.allclose(ours.rerotate_keys(3, keys, 1), keys, atol=0.1)  # a move by one position is visible
 
 
-def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine) -> None:
-    # r = 1.0 recomputes every context token (blendserve's layer loop on vLLM's modules and attention kernel)
-    # and injects it; vLLM prefills the question. In float32 only the order of float32 operations differs
-    # from vLLM's own prefill: the first token and the first 8 tokens match on every record, at least 7 of 8
-    # records give the same 12 tokens (measured: 8 of 8, first-token log-prob gaps <= 5e-6).
+def _full_ratio_answers_like_full_prefill(vllm_engine, num_records: int) -> int:
+    """Checks each record's first token and first 8 tokens; how many records give the same 12 tokens."""
     same = 0
-    for docs, question in _records(DATA_FILE, 8, 4):
+    for docs, question in _records(DATA_FILE, num_records, 4):
         vllm_engine.store_documents(docs, "ratio1")
         plain, plain_stats = _answer(vllm_engine, docs, question, "full_prefill", namespace="ratio1")
         blended, stats = _answer(vllm_engine, docs, question, "cacheblend", 1.0, namespace="ratio1")
@@ -93,8 +93,22 @@ def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine) -> None
         assert abs(float(a[top] - b[top])) < LOGPROB_ATOL
         assert blended[:8] == plain[:8]
         same += blended == plain
-    assert same >= 7
     assert handoff.num_held() == 0
+    return same
+
+
+def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine) -> None:
+    # r = 1.0 recomputes every context token (blendserve's layer loop on vLLM's modules and attention kernel)
+    # and injects it; vLLM prefills the question. In float32 only the order of float32 operations differs
+    # from vLLM's own prefill: the first token and the first 8 tokens match on every record, and the first 4
+    # records give the same 12 tokens (measured: 8 of 8, first-token log-prob gaps <= 5e-6).
+    assert _full_ratio_answers_like_full_prefill(vllm_engine, 4) == 4
+
+
+@pytest.mark.slow  # the default run keeps make test within 15 minutes: the 4-record test above runs there
+def test_cacheblend_at_full_ratio_answers_like_full_prefill_on_eight_records(vllm_engine) -> None:
+    # At least 7 of 8 records give the same 12 tokens (a near-tie may flip one in float32).
+    assert _full_ratio_answers_like_full_prefill(vllm_engine, 8) >= 7
 
 
 def test_misses_are_written_back_and_reordered_chunks_hit(vllm_engine, records) -> None:
@@ -108,7 +122,7 @@ def test_misses_are_written_back_and_reordered_chunks_hit(vllm_engine, records) 
 
 
 def test_concurrent_blended_requests_are_batched_and_answer_like_one_at_a_time(vllm_engine, records) -> None:
-    requests = [(docs[i % len(docs):] + docs[: i % len(docs)], q) for i in range(3) for docs, q in records][:8]
+    requests = [(docs[i % len(docs):] + docs[: i % len(docs)], q) for i in range(2) for docs, q in records][:4]
     for docs, _ in requests:
         vllm_engine.store_documents(docs, "batch")
     alone = [_answer(vllm_engine, d, q, namespace="batch", max_tokens=24)[0] for d, q in requests]
@@ -128,6 +142,31 @@ def test_concurrent_blended_requests_are_batched_and_answer_like_one_at_a_time(v
     same = sum(r == a for r, a in zip(results, alone))
     # float32: batching changes only the order of float32 operations, far below any gap between tokens.
     assert same == len(requests)
+
+
+def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_them_exactly(
+    vllm_engine, records
+) -> None:
+    # with_fuser: another Fuser (its own store, keeping variants) over this engine's vLLM. Every chunk is stored
+    # before the first request, so nothing is missed; write-back must still make the variants (issue 19). The
+    # same request again reads every chunk after the first from KV computed after its very context: nothing
+    # injected is recomputed, and the answer is full prefill's (float32: operation order only).
+    rules = VariantRules(create_above=0.0, create_after_sightings=1)
+    fuser = Fuser(vllm_engine.fuser.runner, FusionOptions(craft_stop_after=None), variants=VariantIndex(rules))
+    engine = vllm_engine.with_fuser(fuser)
+    docs, question = records[0]
+    engine.store_documents(docs, "variants")
+    _, first = _answer(engine, docs, question, "cachecraft", 0.15, namespace="variants")
+    assert first.recomputed_tokens + first.reused_tokens > first.num_prompt_tokens  # some cached KV recomputed
+    prompt = fuser.layout(docs, question)
+    keys = chunk_keys(fuser.store, prompt.chunk_ids, prompt.prefix_ids, "variants")
+    assert [fuser.variants.count(key) for key in keys] == [0] + [1] * (len(keys) - 1)
+    blended, second = _answer(engine, docs, question, "cachecraft", 0.15, namespace="variants")
+    plain, plain_stats = _answer(engine, docs, question, "full_prefill", namespace="variants")
+    assert second.reused_tokens > 0 and second.recomputed_tokens + second.reused_tokens == second.num_prompt_tokens
+    assert int(second.first_token_logprobs.argmax()) == int(plain_stats.first_token_logprobs.argmax())
+    assert blended[:8] == plain[:8]
+    assert len(vllm_engine.fuser.store) < len(fuser.store)  # the two engines' stores are their own
 
 
 def test_early_close_aborts_the_request(vllm_engine, records) -> None:
