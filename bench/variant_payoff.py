@@ -164,9 +164,12 @@ def main() -> None:
     runs = make_runs([float(r) for r in args.query_driven_ratios.split(",") if r])
     rules = VariantRules(create_after_sightings=args.create_after)
     engines, dtype = load_engines(args.engine, args.dtype, rules)
+    rows: list[dict[str, Any]] = []
     try:
-        rows = [run_request(engines, runs, request, args.ratio, args.max_new_tokens)
-                for request in read_workload(args.workload, args.num_requests)]
+        for request in read_workload(args.workload, args.num_requests):
+            rows.append(run_request(engines, runs, request, args.ratio, args.max_new_tokens))
+            # the stores' state depends on every request before: a stopped run cannot resume, but shows progress
+            print(json.dumps({"request": len(rows), **rows[-1]}), flush=True)
     finally:
         engines["base"].engine.close()  # the vLLM engine both fuse on; nothing for torch
     stores = {name: access.engine.fuser.store for name, access in engines.items()}

@@ -22,3 +22,11 @@ def test_differences_cover_only_the_records_both_ran_on() -> None:
     assert 0.0 <= lo <= 0.2 <= hi <= 0.4 + 1e-9  # the two records' differences are 0.4 and 0.0
     with pytest.raises(ValueError, match="no record"):
         paired_report(rows, "a@0.1", "c@0.3")
+
+
+def test_the_second_label_may_come_from_another_models_rows() -> None:
+    mine = [_row("r0", "cb@0.15", 0.9, 1.0), _row("r1", "cb@0.15", 0.5, 1.0)]
+    other = [_row("r1", "cb@0.15", 0.2, 2.0), _row("r2", "cb@0.15", 0.0, 2.0)]
+    report = paired_report(mine, "cb@0.15", "cb@0.15", other)
+    assert report["records"] == 1 and report["agreement_f1"]["difference"] == pytest.approx(0.3)
+    assert paired_report(mine, "cb@0.15", "cb@0.15")["agreement_f1"]["difference"] == 0.0
