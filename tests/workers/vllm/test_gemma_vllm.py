@@ -69,7 +69,7 @@ def test_vllm_modules_rotate_like_blendserve_per_layer(gemma_engine) -> None:
 
 def test_cacheblend_at_full_ratio_answers_like_plain_vllm_past_the_window(gemma_engine) -> None:
     """Contexts of ~1k tokens: each sliding-window group holds null blocks before the window."""
-    for docs, question in _records(DATA_FILE, 2, 8):
+    for docs, question in _records(DATA_FILE, 3, 8):
         prompt = gemma_engine.fuser.layout(docs, question)
         context = len(prompt.token_ids) - len(prompt.suffix_ids)
         assert context - 511 >= 2 * BLOCK  # vLLM skips whole blocks of the sliding-window groups

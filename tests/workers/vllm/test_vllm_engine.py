@@ -149,8 +149,8 @@ def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_t
 ) -> None:
     # with_fuser: another Fuser (its own store, keeping variants) over this engine's vLLM. Every chunk is stored
     # before the first request, so nothing is missed; write-back must still make the variants (issue 19). The
-    # same request again reads every chunk after the first from KV computed after its very context: nothing
-    # injected is recomputed, and the answer is full prefill's (float32: operation order only).
+    # same request again reads every chunk after the first from KV computed after its very context: of the
+    # injected KV only the last token is recomputed, and the answer is full prefill's (float32: operation order).
     rules = VariantRules(create_above=0.0, create_after_sightings=1)
     fuser = Fuser(vllm_engine.fuser.runner, FusionOptions(craft_stop_after=None), variants=VariantIndex(rules))
     engine = vllm_engine.with_fuser(fuser)
