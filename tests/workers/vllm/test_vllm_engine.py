@@ -168,7 +168,7 @@ def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_t
     assert second.recomputed_tokens + second.reused_tokens == second.num_prompt_tokens + 1
     assert int(second.first_token_logprobs.argmax()) == int(plain_stats.first_token_logprobs.argmax())
     assert blended[:8] == plain[:8]
-    assert len(vllm_engine.fuser.store) < len(fuser.store)  # the two engines' stores are their own
+    assert engine.fuser.store is fuser.store is not vllm_engine.fuser.store  # each engine fuses from its own store
 
 
 def test_early_close_aborts_the_request(vllm_engine, records) -> None:
