@@ -15,7 +15,6 @@ are made).
 import argparse
 import json
 import statistics
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,20 +22,18 @@ from typing import Any
 import torch
 
 from cluster.bench_workload import WorkloadRequest, read_workload
-from workers.checkpoint import load_checkpoint
 from workers.chunk_store import LocalChunkStore
 from workers.chunk_variants import VariantIndex, VariantRules
 from workers.default_model import prepare_default_model
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
+from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 from workers.engine_base import BlendRequest
 from workers.evaluation.divergence import teacher_forced_divergence
-from workers.evaluation.engines import ENGINE_KINDS, MAX_MODEL_LEN
+from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
 from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
 from workers.evaluation.scoring import token_f1
 from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
-from workers.runner import ModelRunner
 from workers.sampling import SamplingParams
 from workers.torch_engine import TorchEngine
 
@@ -131,20 +128,12 @@ def stored_bytes(store: LocalChunkStore) -> int:
 
 def load_engines(kind: str, dtype: str, rules: VariantRules) -> tuple[dict[str, EngineAccess], str]:
     """`base` and `variants` over one model (SmolLM2, the default) with their own stores; the dtype they run."""
-    model_path = prepare_default_model()
-    dtype = resolve_dtype(dtype, model_path, on_gpu=False)
+    dtype = resolve_dtype(dtype, prepare_default_model(), on_gpu=False)
+    base = load_eval_engine(kind, dtype=dtype)
+    fuser = Fuser(base.engine.fuser.runner, variants=VariantIndex(rules))
     if kind == "torch":
-        runner = ModelRunner(load_checkpoint(model_path, torch_dtype(dtype)))
-        index = VariantIndex(rules)
-        engines = {"base": TorchEngine(Fuser(runner)), "variants": TorchEngine(Fuser(runner, variants=index))}
-        return {name: direct_access(engine) for name, engine in engines.items()}, dtype
-    from workers.vllm.engine import VLLMEngine  # imports vllm: only when asked for
-    from workers.vllm.settings import VLLMSettings
-
-    scratch = Path(tempfile.mkdtemp(prefix="blendserve-variants-"))
-    base = VLLMEngine.start(model_path, scratch, VLLMSettings(max_model_len=MAX_MODEL_LEN), dtype)
-    variants = base.with_fuser(Fuser(base.fuser.runner, variants=VariantIndex(rules)))
-    return {"base": engine_thread_access(base), "variants": engine_thread_access(variants)}, dtype
+        return {"base": base, "variants": direct_access(TorchEngine(fuser))}, dtype
+    return {"base": base, "variants": engine_thread_access(base.engine.with_fuser(fuser))}, dtype
 
 
 def main() -> None:
