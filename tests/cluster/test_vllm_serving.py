@@ -7,6 +7,10 @@ import pytest
 
 from tests.cluster.conftest import running_app
 
+# Slow (~75-100 s of vLLM start in a Serve replica on AVX2): the default run serves over HTTP with the torch engine
+# (test_serving.py) and runs VLLMEngine in process (tests/workers/vllm/).
+pytestmark = pytest.mark.slow
+
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed in this environment", allow_module_level=True)
 

@@ -134,8 +134,14 @@ def test_serve_scales_on_the_replicas_ttft_then_back_down(serve_instance: None):
 
     handle = serve.run(SlowFirstToken.bind(), name="ttft", route_prefix=None)
     assert _running_replicas("ttft", "SlowFirstToken") == 1
-    handle.observe.remote(5.0).result()  # one request far over the 1 s SLO, no queue at all
-    _wait_for(lambda: _running_replicas("ttft", "SlowFirstToken") == 2, "TTFT over the SLO adds a replica")
+
+    def slow_and_scaled() -> bool:
+        # Requests far over the 1 s SLO, no queue at all, until a second replica runs. One request would leave the
+        # 1 s window before a busy machine's controller reads it (the test failed so on a loaded 2-core machine).
+        handle.observe.remote(5.0).result()
+        return _running_replicas("ttft", "SlowFirstToken") == 2
+
+    _wait_for(slow_and_scaled, "TTFT over the SLO adds a replica")
     # The slow TTFT leaves the 1 s window; with no queue either, the policy steps down after the 1 s delay.
     _wait_for(lambda: _running_replicas("ttft", "SlowFirstToken") == 1, "a quiet deployment drops back to one")
     serve.delete("ttft")

@@ -34,7 +34,9 @@ class SlowTier(MemoryTier):
         return super().read(key, start, end)
 
 
-MODES = [("cacheblend", 0.15), ("full_reuse", 0.0), ("epic", 0.15), ("cachecraft", 0.15), ("query_driven", 0.15)]
+# epic and cachecraft run the same layer loop as cacheblend; they are in the slow run (make test's budget).
+MODES = [("cacheblend", 0.15), ("full_reuse", 0.0), pytest.param("epic", 0.15, marks=pytest.mark.slow),
+         pytest.param("cachecraft", 0.15, marks=pytest.mark.slow), ("query_driven", 0.15)]
 
 
 @pytest.mark.parametrize("mode,ratio", MODES)

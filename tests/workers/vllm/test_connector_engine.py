@@ -4,6 +4,10 @@ import importlib.util
 import pytest
 import torch
 
+# Slow: these need a second vLLM engine start (the plain `llm` fixture, ~30 s on AVX2). By default the same
+# connector is covered end to end through VLLMEngine (r = 1.0 answers like full prefill, write-back, variants).
+pytestmark = pytest.mark.slow
+
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed in this environment", allow_module_level=True)
 

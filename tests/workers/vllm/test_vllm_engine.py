@@ -46,6 +46,7 @@ def _answer(engine, docs, question, mode="cacheblend", ratio=None, namespace="de
     return list(generation), generation.stats
 
 
+@pytest.mark.slow  # its plain vLLM (the `llm` fixture) is a second engine start; r = 1.0 below runs by default
 def test_full_prefill_mode_is_plain_vllm(vllm_engine, llm, records) -> None:
     for docs, question in records:
         tokens, stats = _answer(vllm_engine, docs, question, "full_prefill")
@@ -100,12 +101,12 @@ def _full_ratio_answers_like_full_prefill(vllm_engine, num_records: int) -> int:
 def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine) -> None:
     # r = 1.0 recomputes every context token (blendserve's layer loop on vLLM's modules and attention kernel)
     # and injects it; vLLM prefills the question. In float32 only the order of float32 operations differs
-    # from vLLM's own prefill: the first token and the first 8 tokens match on every record, and the first 4
+    # from vLLM's own prefill: the first token and the first 8 tokens match on every record, and the first 2
     # records give the same 12 tokens (measured: 8 of 8, first-token log-prob gaps <= 5e-6).
-    assert _full_ratio_answers_like_full_prefill(vllm_engine, 4) == 4
+    assert _full_ratio_answers_like_full_prefill(vllm_engine, 2) == 2
 
 
-@pytest.mark.slow  # the default run keeps make test within 15 minutes: the 4-record test above runs there
+@pytest.mark.slow  # the default run keeps make test within 15 minutes: the 2-record test above runs there
 def test_cacheblend_at_full_ratio_answers_like_full_prefill_on_eight_records(vllm_engine) -> None:
     # At least 7 of 8 records give the same 12 tokens (a near-tie may flip one in float32).
     assert _full_ratio_answers_like_full_prefill(vllm_engine, 8) >= 7
@@ -122,7 +123,7 @@ def test_misses_are_written_back_and_reordered_chunks_hit(vllm_engine, records) 
 
 
 def test_concurrent_blended_requests_are_batched_and_answer_like_one_at_a_time(vllm_engine, records) -> None:
-    requests = [(docs[i % len(docs):] + docs[: i % len(docs)], q) for i in range(2) for docs, q in records][:4]
+    requests = [(docs[i % len(docs):] + docs[: i % len(docs)], q) for i in range(2) for docs, q in records][:3]
     for docs, _ in requests:
         vllm_engine.store_documents(docs, "batch")
     alone = [_answer(vllm_engine, d, q, namespace="batch", max_tokens=24)[0] for d, q in requests]
