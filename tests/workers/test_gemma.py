@@ -18,7 +18,6 @@ from workers.chunk_kv import compute_chunk_kv
 from workers.chunk_store import LocalChunkStore
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
-from workers.fusion.query_driven import full_view_layers, full_view_rows
 from workers.gemma_model import prepare_gemma3
 from workers.guardrails import GuardrailsConfig, guarded_fuser
 from workers.prompt import PromptTemplate
@@ -58,16 +57,6 @@ def test_the_model_is_gemma3_with_local_and_global_layers(gemma: Checkpoint) -> 
     assert cfg.layer_kind(LOCAL_LAYER).rope.theta == 10000.0 and cfg.layer_kind(GLOBAL_LAYER).rope.theta == 1e6
     assert gemma.tokenizer.chat_template is not None  # <bos> before the prompt, from the prepared tokenizer
     assert PromptTemplate(gemma.tokenizer).layout(["a"], "b?").prefix_ids[0] == cfg.bos_token_id
-
-
-def test_question_scoring_counts_the_layers_that_see_the_whole_context(gemma_runner: ModelRunner) -> None:
-    # Past the 512-token window only the global layers see every position; within it, every layer does.
-    assert full_view_layers(gemma_runner, 0, 18, 900).nonzero().squeeze(1).tolist() == [5, 11, 17]
-    assert bool(full_view_layers(gemma_runner, 0, 18, 512).all())
-    assert full_view_layers(gemma_runner, 3, 4, 900).tolist() == [False, False, True, False]  # layers 3..6
-    rows = torch.arange(18.0)[:, None].expand(18, 4)  # [L, N]: each row holds its layer's index
-    assert full_view_rows(gemma_runner, rows, 0, 900)[:, 0].tolist() == [5.0, 11.0, 17.0]
-    assert full_view_rows(gemma_runner, rows[:3], 0, 900).shape == (3, 4)  # none of layers 0..2 does: all kept
 
 
 @torch.inference_mode()

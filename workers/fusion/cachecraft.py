@@ -27,7 +27,7 @@ from workers.fusion.cacheblend import step_deviation
 from workers.fusion.deviation import keep_top_spans, ratio_count
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout, Segment
-from workers.fusion.query_driven import full_view_layers, question_attention
+from workers.fusion.query_driven import question_attention
 from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
 from workers.kv_cache import KVCache
 from workers.runner import ModelRunner
@@ -77,19 +77,12 @@ class CacheCraft(FusionMode):
             return CraftPlan(chunks, stored, unfocused, {})
         last = runner.config.num_layers - 1 if upfront or stop is None else min(stop, runner.config.num_layers - 1)
         attention = question_attention(runner, layout, cache, feed, last, None)  # [last + 1, kv_end]
-        # Focus and relevance count only layers that see the whole context: a sliding-window layer's attention
-        # covers the last window alone. Without such a layer up to `stop`, the focus is not yet known: no stop.
-        full_view = full_view_layers(runner, 0, last + 1, layout.kv_end)
-        if stop is not None and bool(full_view[: stop + 1].any()):
-            focus = chunk_focus(attention[: stop + 1][full_view[: stop + 1]], chunks)
-            for seg, share in zip(chunks, focus.tolist()):
+        if stop is not None:
+            for seg, share in zip(chunks, chunk_focus(attention[: stop + 1], chunks).tolist()):
                 if share < opts.craft_focus_below:
                     unfocused[seg.start : min(seg.end, layout.kv_end)] = True
             unfocused &= ~layout.forced
-        relevance = None
-        if upfront:
-            seen = attention[full_view] if bool(full_view.any()) else attention
-            relevance = (seen / seen.sum(dim=1, keepdim=True).clamp_min(1e-30)).sum(dim=0)
+        relevance = (attention / attention.sum(dim=1, keepdim=True).clamp_min(1e-30)).sum(dim=0) if upfront else None
         return CraftPlan(chunks, stored, unfocused, {}, relevance)
 
     def upfront(self, layout: BlendLayout, plan: CraftPlan, ratio: float) -> torch.Tensor:

@@ -33,9 +33,6 @@ class QueryScoring:
     query_tokens: int | None = None  # the question's last N tokens score (None: all of its tokens)
     budget_split: str = "global"  # "per_chunk": every chunk recomputes the same share of its tokens
     with_deviation: bool = False  # also compute layer 0 in full; rank by relevance x deviation at the check layer
-    # Only layers that see the whole context count, when there are any: a sliding-window layer's attention,
-    # normalised, would hand the whole budget to the context's last window (Gemma 3: 15 of 18 layers see 512).
-    full_view_only: bool = True
 
     def __post_init__(self) -> None:
         if self.first_layer < 0 or (self.last_layer is not None and self.last_layer < self.first_layer):
@@ -80,8 +77,6 @@ class QueryDriven(FusionMode):
         )
         per_layer = question_attention(runner, layout, cache, feed, last, scoring.query_tokens)  # [L', kv_end]
         per_layer = per_layer[scoring.first_layer :]
-        if scoring.full_view_only:
-            per_layer = full_view_rows(runner, per_layer, scoring.first_layer, layout.kv_end)
         if scoring.layer_norm:
             selectable = selectable_mask(layout)
             per_layer = per_layer / per_layer[:, selectable].sum(dim=1, keepdim=True).clamp_min(1e-30)
@@ -93,18 +88,6 @@ class QueryDriven(FusionMode):
         deviation = step_deviation(step, self.options.deviation_metric)  # [S] = every position here
         score = relevance.to(deviation.device) * deviation
         return select_tokens(score, step.layout, ratio, self.options.selection_span_tokens, self.scoring.budget_split)
-
-
-def full_view_layers(runner: ModelRunner, first_layer: int, num_layers: int, kv_end: int) -> torch.Tensor:
-    """Which of `num_layers` layers from first_layer on see all `kv_end` positions (no window, or a long one). # [L']"""
-    windows = [runner.config.layer_kind(first_layer + i).window_tokens for i in range(num_layers)]
-    return torch.tensor([window is None or window >= kv_end for window in windows], dtype=torch.bool)
-
-
-def full_view_rows(runner: ModelRunner, per_layer: torch.Tensor, first_layer: int, kv_end: int) -> torch.Tensor:
-    """The rows of layers that see all `kv_end` positions; all rows if no layer does. # [L', N] -> [L'', N]"""
-    full_view = full_view_layers(runner, first_layer, per_layer.shape[0], kv_end)
-    return per_layer[full_view] if bool(full_view.any()) else per_layer
 
 
 def selectable_mask(layout: BlendLayout) -> torch.Tensor:

@@ -17,7 +17,10 @@ SUMMARY_KEYS = {"mode", "ratio", "records", "ttft_s_median", "ttft_s_mean", "con
 
 def test_eval_writes_the_documented_json(tmp_path: Path) -> None:
     out = tmp_path / "eval.json"
-    data = DATA_DIR / "hotpotqa_hipporag.dev.jsonl"
+    data = tmp_path / "one.jsonl"  # the first real HotpotQA record with its first three passages (~400 tokens)
+    with open(DATA_DIR / "hotpotqa_hipporag.dev.jsonl") as handle:
+        record = json.loads(next(handle))
+    data.write_text(json.dumps({**record, "ctxs": record["ctxs"][:3]}) + "\n")
     result = CliRunner().invoke(app, ["eval", "--data", str(data), "--limit", "1", "--modes", "full_reuse,cacheblend",
                                       "--max-new-tokens", "4", "--out", str(out)])
     assert result.exit_code == 0, result.output
