@@ -15,6 +15,11 @@ import pytest
 from tests.cluster.conftest import SERVE_CONFIG, running_app
 from tests.cluster.test_serving import DOCS, MODEL
 
+# Slow (its own Serve app, ~30-60 s to start on a 2-core AVX2 machine): make test's budget. By default the same
+# parser answers any body with a clean 4xx (test_request_fuzz.py), the edge checks the caller before the body
+# (test_edge.py), and test_serving.py serves real requests over HTTP.
+pytestmark = pytest.mark.slow
+
 CHAT, COMPLETIONS, DOCUMENTS = "/v1/chat/completions", "/v1/completions", "/v1/documents"
 KEY, OTHER_KEY = "sk-hostile-0001", "sk-hostile-0002"
 AUTH = {"Authorization": f"Bearer {KEY}"}

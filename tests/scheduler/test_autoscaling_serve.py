@@ -147,6 +147,7 @@ def test_serve_scales_on_the_replicas_ttft_then_back_down(serve_instance: None):
     serve.delete("ttft")
 
 
+@pytest.mark.slow  # make test's budget: the TTFT test above runs the same Serve autoscaling path by default
 def test_serve_scales_on_the_queue_then_back_down(serve_instance: None):
     from ray import serve
 

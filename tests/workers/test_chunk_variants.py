@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from workers.chunk_variants import Variant, VariantIndex, VariantRules, chunk_keys, overlap_score
-from workers.fuser import Fuser
+from workers.fuser import FusedPrompt, Fuser
 from workers.fusion.base import FusionOptions
+from workers.prompt import PromptLayout
 from workers.runner import ModelRunner
 
 
@@ -75,17 +76,33 @@ def test_sightings_are_forgotten_for_the_least_recently_seen_chunk_past_the_boun
     assert index.worth_creating("z", ["a"], 0.9)
 
 
+def _fuser_with_variants_due(runner: ModelRunner, record: dict) -> tuple[Fuser, PromptLayout, FusedPrompt]:
+    """A Fuser that keeps variants, the record's prompt, and a cachecraft pass whose write-back makes them."""
+    rules = VariantRules(create_above=0.0, create_after_sightings=1)
+    fuser = Fuser(runner, FusionOptions(craft_stop_after=None), variants=VariantIndex(rules))
+    prompt = fuser.layout(record["documents"], record["question"])
+    fuser.precompute(prompt)
+    fuser.fuse(prompt, "cachecraft", 0.15)  # measures and stores the chunks' impacts; no write-back
+    return fuser, prompt, fuser.fuse(prompt, "cachecraft", 0.15)
+
+
+def test_an_evicted_variant_falls_back_to_the_chunk(runner: ModelRunner, qa_records: list[dict]) -> None:
+    fuser, prompt, first = _fuser_with_variants_due(runner, qa_records[0])
+    fuser.write_back(first, prompt)
+    keys = chunk_keys(fuser.store, prompt.chunk_ids, prompt.prefix_ids, "default")
+    for index in (1, 2):  # a bounded store evicts both variants; the index still lists them
+        variant, _ = fuser.variants.best(keys[index], keys[:index])
+        fuser.store.delete(prompt.chunk_ids[index], list(variant.context_ids))
+    again = fuser.fuse(prompt, "cachecraft", 0.15)
+    assert not again.missed  # read from each chunk's own KV, not recomputed as a miss
+    assert [seg.cached.variant_score for seg in again.layout.chunk_segments()] == [0.0, 0.0, 0.0]
+
+
 @pytest.mark.slow
 def test_a_variant_made_after_a_request_serves_the_same_context_exactly(
     runner: ModelRunner, qa_records: list[dict]
 ) -> None:
-    rules = VariantRules(create_above=0.0, create_after_sightings=1)
-    fuser = Fuser(runner, FusionOptions(craft_stop_after=None), variants=VariantIndex(rules))
-    record = qa_records[0]
-    prompt = fuser.layout(record["documents"], record["question"])
-    fuser.precompute(prompt)
-    fuser.fuse(prompt, "cachecraft", 0.15)  # measures and stores the chunks' impacts; no write-back
-    first = fuser.fuse(prompt, "cachecraft", 0.15)
+    fuser, prompt, first = _fuser_with_variants_due(runner, qa_records[0])
     assert not first.prefill.chunk_impacts  # planned up front from the stored impacts: it measures none
     assert not first.missed and fuser.has_write_back(first)  # every chunk was stored, yet variants are due
     fuser.write_back(first, prompt)  # so variants are made from the stored impacts
