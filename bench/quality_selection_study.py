@@ -61,9 +61,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/results/selection_study.json"))
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
     parser.add_argument("--variants", help="comma-separated names of the variants to run (default: all)")
+    parser.add_argument("--model", type=Path, help="a checkpoint directory (default: the default model)")
     args = parser.parse_args()
     options = FusionOptions()
-    config, _ = load_model_card(prepare_default_model())
+    config, _ = load_model_card(args.model or prepare_default_model())
     extra = variants(options, config.num_layers, not args.no_oracles)
     if args.variants:
         wanted = args.variants.split(",")
@@ -72,7 +73,7 @@ def main() -> None:
             parser.error(f"unknown variants {unknown}; known: {sorted(extra)}")
         extra = {name: extra[name] for name in wanted}
     access = load_eval_engine(
-        args.engine, dtype=args.dtype, options=options, modes={**make_fusion_modes(options), **extra}
+        args.engine, args.model, dtype=args.dtype, options=options, modes={**make_fusion_modes(options), **extra}
     )
     runs = [
         EvalRun(REFERENCE_MODE, REFERENCE_MODE, 1.0),
