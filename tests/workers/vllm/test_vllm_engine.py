@@ -170,6 +170,10 @@ def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_t
     assert int(second.first_token_logprobs.argmax()) == int(plain_stats.first_token_logprobs.argmax())
     assert blended[:8] == plain[:8]
     assert engine.fuser.store is fuser.store is not vllm_engine.fuser.store  # each engine fuses from its own store
+    # and this test's chunks went to the variant engine's store alone (the base engine keeps no variants)
+    assert all(fuser.store.get(ids, prompt.prefix_ids, "variants") is not None for ids in prompt.chunk_ids)
+    assert all(vllm_engine.fuser.store.get(ids, prompt.prefix_ids, "variants") is None for ids in prompt.chunk_ids)
+    assert vllm_engine.fuser.variants is None
 
 
 def test_early_close_aborts_the_request(vllm_engine, records) -> None:
