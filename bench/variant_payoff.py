@@ -10,12 +10,13 @@ answer (the reference) and, per run (cachecraft on each engine, cacheblend on `b
 query_driven on `base` at each of --query-driven-ratios), the mode at --ratio: the variant fit of each chunk read
 and the share of the context's per-layer KV recomputed (one fusion), the teacher-forced KL along the reference
 answer (a second), the greedy answer, its time to first token and its write-back (a third, which is when variants
-are made).
+are made). With --pooled, cachecraft also runs with its shares pooled where the question reads
+(FusionOptions.craft_placement = "pooled") on the base store and on a third engine keeping variants of its own.
 """
 import argparse
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,13 @@ from workers.evaluation.scoring import token_f1
 from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
+from workers.fusion.cachecraft import CacheCraft
+from workers.fusion.registry import make_fusion_modes
 from workers.sampling import SamplingParams
 from workers.torch_engine import TorchEngine
 
 MODE = "cachecraft"
+POOLED_MODE = "cachecraft_pooled"  # cachecraft with craft_placement = "pooled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +58,13 @@ class Run:
 BASE_RUNS = (Run("base", "base", MODE), Run("variants", "variants", MODE), Run("cacheblend", "base", "cacheblend"))
 
 
-def make_runs(query_driven_ratios: list[float]) -> tuple[Run, ...]:
-    """The base runs, then query_driven (the fidelity issue's best mode at equal TTFT) at each ratio given."""
-    return BASE_RUNS + tuple(Run(f"query_driven@{r:g}", "base", "query_driven", r) for r in query_driven_ratios)
+POOLED_RUNS = (Run("pooled", "base", POOLED_MODE), Run("variants_pooled", "variants_pooled", POOLED_MODE))
+
+
+def make_runs(query_driven_ratios: list[float], pooled: bool) -> tuple[Run, ...]:
+    """The base runs (and pooled ones), then query_driven (the fidelity issue's best mode) at each ratio given."""
+    query_driven = tuple(Run(f"query_driven@{r:g}", "base", "query_driven", r) for r in query_driven_ratios)
+    return BASE_RUNS + (POOLED_RUNS if pooled else ()) + query_driven
 
 
 def fit_bucket(scores: list[float]) -> str:
@@ -126,14 +134,20 @@ def stored_bytes(store: LocalChunkStore) -> int:
     return sum(chunk.kv.numel() * chunk.kv.element_size() for chunk in store.entries.values())
 
 
-def load_engines(kind: str, dtype: str, rules: VariantRules) -> tuple[dict[str, EngineAccess], str]:
-    """`base` and `variants` over one model (SmolLM2, the default) with their own stores; the dtype they run."""
+def load_engines(kind: str, dtype: str, rules: VariantRules, pooled: bool) -> tuple[dict[str, EngineAccess], str]:
+    """`base` and `variants` (and `variants_pooled`) over one model (SmolLM2), each with its own store; the dtype."""
     dtype = resolve_dtype(dtype, prepare_default_model(), on_gpu=False)
-    base = load_eval_engine(kind, dtype=dtype)
-    fuser = Fuser(base.engine.fuser.runner, variants=VariantIndex(rules))
+    options = FusionOptions()
+    modes = {**make_fusion_modes(options), POOLED_MODE: CacheCraft(replace(options, craft_placement="pooled"))}
+    base = load_eval_engine(kind, dtype=dtype, options=options, modes=modes)
+    runner = base.engine.fuser.runner
+    fusers = {"variants": Fuser(runner, options, modes=modes, variants=VariantIndex(rules))}
+    if pooled:
+        fusers["variants_pooled"] = Fuser(runner, options, modes=modes, variants=VariantIndex(rules))
     if kind == "torch":
-        return {"base": base, "variants": direct_access(TorchEngine(fuser))}, dtype
-    return {"base": base, "variants": engine_thread_access(base.engine.with_fuser(fuser))}, dtype
+        return {"base": base, **{name: direct_access(TorchEngine(f)) for name, f in fusers.items()}}, dtype
+    vllm = base.engine
+    return {"base": base, **{name: engine_thread_access(vllm.with_fuser(f)) for name, f in fusers.items()}}, dtype
 
 
 def main() -> None:
@@ -148,11 +162,13 @@ def main() -> None:
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
     parser.add_argument("--create-after", type=int, default=VariantRules().create_after_sightings,
                         help="sightings of a chunk's preceding chunks before a variant is made (1: on first sight)")
+    parser.add_argument("--pooled", action="store_true",
+                        help="also run cachecraft with its shares pooled where the question reads")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    runs = make_runs([float(r) for r in args.query_driven_ratios.split(",") if r])
+    runs = make_runs([float(r) for r in args.query_driven_ratios.split(",") if r], args.pooled)
     rules = VariantRules(create_after_sightings=args.create_after)
-    engines, dtype = load_engines(args.engine, args.dtype, rules)
+    engines, dtype = load_engines(args.engine, args.dtype, rules, args.pooled)
     rows: list[dict[str, Any]] = []
     try:
         for request in read_workload(args.workload, args.num_requests):

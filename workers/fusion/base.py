@@ -6,6 +6,7 @@ from typing import ClassVar
 import torch
 
 from kvplane.checks import check, check_count
+from workers.fusion.craft_placement import PLACEMENTS
 from workers.fusion.deviation import DEVIATION_METRICS
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
@@ -37,6 +38,7 @@ class FusionOptions:
     craft_stop_after: int | None = 2  # cachecraft: past this layer, chunks the question barely reads are reused
     craft_focus_below: float = 0.5  # cachecraft: "barely": question-attention share < this x the chunk's token share
     craft_stored_impact: bool = True  # cachecraft: a chunk's stored impact sets its share before the pass
+    craft_placement: str = "per_chunk"  # cachecraft: where the chunks' shares go (craft_placement.PLACEMENTS)
     prefix_cache_blocks: int = 2048
     prefix_block_tokens: int = 16
     fallback_min_coverage: float = 0.0  # cacheblend: share of the check layer's deviation the kept set must hold
@@ -56,6 +58,9 @@ class FusionOptions:
         check(self.craft_stop_after is None or self.craft_stop_after >= 0, "craft_stop_after", "an int >= 0 or null",
               self.craft_stop_after)
         check(0.0 <= self.craft_focus_below <= 1.0, "craft_focus_below", "in [0, 1]", self.craft_focus_below)
+        check(
+            self.craft_placement in PLACEMENTS, "craft_placement", f"one of {sorted(PLACEMENTS)}", self.craft_placement
+        )
         for name in ("cci_sample_queries", "prefix_cache_blocks", "prefix_block_tokens"):
             check_count(name, getattr(self, name), 1)
         check(

@@ -13,7 +13,9 @@ Three mechanisms, each switchable in FusionOptions:
 - early termination (craft_stop_after): a scout runs the question over the cached context up to that layer;
   past it, the chunks the question barely attends to keep their cached KV;
 - variants (workers/chunk_variants.py, when the Fuser keeps them): a chunk read from a variant computed after
-  preceding chunks that overlap this request's by a score s counts its impact x (1 - s).
+  preceding chunks that overlap this request's by a score s counts its impact x (1 - s);
+- placement (craft_placement): each chunk's share inside it (the paper's), or the shares pooled and spent where
+  the question reads (the scout then runs over all layers, and its attention ranks tokens online too).
 
 Tokens whose cached KV is exact (BlendLayout.exact_end) are never recomputed.
 """
@@ -22,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.fusion.base import FusionMode
+from workers.fusion.base import FusionMode, FusionOptions
 from workers.fusion.cacheblend import step_deviation
-from workers.fusion.deviation import keep_top_spans, ratio_count
+from workers.fusion.craft_placement import PLACEMENTS
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout, Segment
 from workers.fusion.query_driven import question_attention
@@ -41,13 +43,19 @@ class CraftPlan:
     stored: list[float | None]  # per chunk: its impact known before the pass (0 for exact chunks), else None
     unfocused: torch.Tensor  # [kv_end] bool: reusable positions of chunks the question barely attends to
     measured: dict[int, float]  # segment start -> impact measured online at the filter layer (filled by the pass)
-    relevance: torch.Tensor | None = None  # [kv_end] the question's attention over all layers: the plan is up front
+    relevance: torch.Tensor | None = None  # [kv_end] the question's attention over all layers, where scouted
+    upfront: bool = False  # every chunk's impact stored: the plan is made before the pass
 
 
 class CacheCraft(FusionMode):
     """At the first filter layer, chunks the context barely reaches are reused, strongly reached ones recomputed."""
 
     name = "cachecraft"
+
+    def __init__(self, options: FusionOptions) -> None:
+        super().__init__(options)
+        self.place = PLACEMENTS[options.craft_placement]
+        self.scout_all_layers = options.craft_placement == "pooled"  # pooled shares go where the question reads
 
     def prefill(
         self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
@@ -56,7 +64,7 @@ class CacheCraft(FusionMode):
         if feed is None:
             layout.load_cached(cache, runner.rerotate_keys)
         plan = self.plan(runner, layout, cache, feed)
-        initial = self.initial_positions(layout, plan) if plan.relevance is None else self.upfront(layout, plan, ratio)
+        initial = self.upfront(layout, plan, ratio) if plan.upfront else self.initial_positions(layout, plan)
         result = selective_prefill(runner, layout, cache, initial, lambda step: self._narrow(step, ratio, plan), feed)
         result.chunk_impacts = dict(plan.measured)
         return result
@@ -73,36 +81,30 @@ class CacheCraft(FusionMode):
         unfocused = torch.zeros(layout.kv_end, dtype=torch.bool)
         stop = opts.craft_stop_after
         upfront = opts.craft_stored_impact and bool(chunks) and all(impact is not None for impact in stored)
-        if layout.question is None or not chunks or (stop is None and not upfront):
+        all_layers = upfront or self.scout_all_layers
+        if layout.question is None or not chunks or (stop is None and not all_layers):
             return CraftPlan(chunks, stored, unfocused, {})
-        last = runner.config.num_layers - 1 if upfront or stop is None else min(stop, runner.config.num_layers - 1)
+        last = runner.config.num_layers - 1 if all_layers or stop is None else min(stop, runner.config.num_layers - 1)
         attention = question_attention(runner, layout, cache, feed, last, None)  # [last + 1, kv_end]
         if stop is not None:
             for seg, share in zip(chunks, chunk_focus(attention[: stop + 1], chunks).tolist()):
                 if share < opts.craft_focus_below:
                     unfocused[seg.start : min(seg.end, layout.kv_end)] = True
             unfocused &= ~layout.forced
-        relevance = (attention / attention.sum(dim=1, keepdim=True).clamp_min(1e-30)).sum(dim=0) if upfront else None
-        return CraftPlan(chunks, stored, unfocused, {}, relevance)
+        relevance = (attention / attention.sum(dim=1, keepdim=True).clamp_min(1e-30)).sum(dim=0) if all_layers else None
+        return CraftPlan(chunks, stored, unfocused, {}, relevance, upfront)
 
     def upfront(self, layout: BlendLayout, plan: CraftPlan, ratio: float) -> torch.Tensor:
         """With every chunk's impact stored: each chunk's share by its impact, the question's most read spans. # [S]"""
         assert plan.relevance is not None
-        opts = self.options
-        keep = layout.forced.clone()
         impacts = [impact or 0.0 for impact in plan.stored]
         mean_impact = (sum(impacts) / len(impacts)) or 1.0
-        positions = torch.arange(layout.kv_end)
         exact = layout.exact_end()
-        for seg, impact in zip(plan.chunks, impacts):
-            part = slice(seg.start, min(seg.end, layout.kv_end))
-            chunk_ratio = self.chunk_ratio(impact, seg, ratio, mean_impact)
-            if seg.end <= exact or chunk_ratio == 0.0 or part.stop <= part.start:
-                continue
-            none_forced = torch.zeros(part.stop - part.start, dtype=torch.bool)
-            count = ratio_count(chunk_ratio, part.stop - part.start)
-            kept = keep_top_spans(plan.relevance[part], none_forced, count, positions[part], opts.selection_span_tokens)
-            keep[seg.start + kept] = True
+        shares = [
+            0.0 if seg.end <= exact else self.chunk_ratio(impact, seg, ratio, mean_impact)
+            for seg, impact in zip(plan.chunks, impacts)
+        ]
+        keep = layout.forced | self.place(plan.relevance, plan.chunks, shares, self.options.selection_span_tokens)
         return keep.nonzero().squeeze(1)
 
     def chunk_ratio(self, impact: float, seg: Segment, ratio: float, mean_impact: float) -> float:
@@ -127,7 +129,7 @@ class CacheCraft(FusionMode):
         alive = torch.zeros(step.layout.kv_end, dtype=torch.bool)
         alive[step.positions] = True
         before = int(alive.sum())
-        if step.layer == opts.filter_layers[0] and plan.relevance is None:
+        if step.layer == opts.filter_layers[0] and not plan.upfront:
             alive &= self._select(step, ratio, plan)
         if step.layer == opts.craft_stop_after:
             alive &= ~plan.unfocused
@@ -136,15 +138,18 @@ class CacheCraft(FusionMode):
         return alive[step.positions].nonzero().squeeze(1)
 
     def _select(self, step: LayerStep, ratio: float, plan: CraftPlan) -> torch.Tensor:
-        """Positions kept past the filter layer: forced ones plus each chunk's share by its impact. # [kv_end] bool"""
+        """Positions kept past the filter layer: forced ones plus each chunk's share by its impact. # [kv_end] bool
+
+        Tokens are ranked by the question's attention where the plan scouted it over all layers, else by KV
+        deviation one token at a time (the paper's rule).
+        """
         opts = self.options
         layout = step.layout
-        keep = layout.forced.clone()
         present = torch.zeros(layout.kv_end, dtype=torch.bool)
         present[step.positions] = True
         online = [i for i, seg in enumerate(plan.chunks) if bool(present[seg.start : seg.end].all())]
         if not online:
-            return keep
+            return layout.forced.clone()
         q, k = full_layer_qk(step)
         measured = chunk_context_impact(q, k, plan.chunks, opts.cci_sample_queries, online)
         impacts = [float(measured[i]) if i in online else plan.stored[i] for i in range(len(plan.chunks))]
@@ -152,16 +157,15 @@ class CacheCraft(FusionMode):
             plan.measured[plan.chunks[i].start] = impacts[i]
         known = [x for x in impacts if x is not None]
         mean_impact = (sum(known) / len(known)) or 1.0
+        shares = [
+            self.chunk_ratio(float(measured[i]), seg, ratio, mean_impact) if i in online else 0.0
+            for i, seg in enumerate(plan.chunks)
+        ]
+        if plan.relevance is not None:
+            return layout.forced | self.place(plan.relevance, plan.chunks, shares, opts.selection_span_tokens)
         deviation = torch.zeros(layout.kv_end)
         deviation[step.positions] = step_deviation(step, opts.deviation_metric)
-        for i in online:
-            seg = plan.chunks[i]
-            chunk_ratio = self.chunk_ratio(float(measured[i]), seg, ratio, mean_impact)
-            if chunk_ratio == 0.0:
-                continue
-            top = torch.topk(deviation[seg.start : seg.end], ratio_count(chunk_ratio, seg.num_tokens)).indices
-            keep[seg.start + top] = True
-        return keep
+        return layout.forced | self.place(deviation, plan.chunks, shares, 1)
 
 
 def full_layer_qk(step: LayerStep) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Cache-Craft: chunk context impact, the question's focus, and early termination on the real model (float32)."""
+"""Cache-Craft: chunk impact, the question's focus, early termination and placement on the real model (float32)."""
 import pytest
 import torch
 
@@ -6,6 +6,7 @@ from workers.checkpoint import Checkpoint
 from workers.chunk_kv import ChunkLayers
 from workers.fusion.base import FusionOptions
 from workers.fusion.cachecraft import CacheCraft, CraftPlan, chunk_context_impact, chunk_focus, chunk_share
+from workers.fusion.craft_placement import place_pooled
 from workers.fusion.layout import CHUNK, BlendLayout, Segment
 from workers.fusion.selective_pass import LayerStep
 from workers.prompt import PromptLayout
@@ -107,3 +108,30 @@ def test_early_termination_stops_recomputing_chunks_out_of_focus(
     torch.testing.assert_close(fused["nothing_out"].prefill.last_hidden, fused["off"].prefill.last_hidden)
     assert fused["on"].prefill.chunk_impacts == fused["off"].prefill.chunk_impacts  # measured at layer 1 either way
     assert len(fused["on"].prefill.chunk_impacts) == 2  # the first chunk is exact: neither computed nor measured
+
+
+@pytest.mark.slow  # the default run keeps make test within 15 minutes; the placement itself is unit-tested above
+def test_pooled_placement_spends_the_same_budget_where_the_question_reads(
+    engine: TorchEngine, qa_records: list[dict]
+) -> None:
+    calls: dict[str, tuple] = {}
+    for name in ("per_chunk", "pooled"):
+        mode = CacheCraft(FusionOptions(craft_placement=name, craft_stop_after=None, craft_stored_impact=False))
+        place = mode.place
+        mode.place = lambda *args, place=place, name=name: calls.setdefault(name, (args, place(*args)))[1]  # type: ignore[misc]
+        engine.fuser.modes[name] = mode
+    record = qa_records[0]
+    prompt = engine.fuser.layout(record["documents"], record["question"])
+    engine.fuser.precompute(prompt)
+    fused = {name: engine.fuser.fuse(prompt, name, 0.3) for name in ("per_chunk", "pooled")}
+    assert fused["pooled"].prefill.chunk_impacts == fused["per_chunk"].prefill.chunk_impacts  # both measured at layer 1
+    (_, chunks, shares, _), pooled = calls["pooled"]
+    assert calls["per_chunk"][0][2] == shares and 0.0 < sum(shares) < len(shares)  # the same shares, in part
+    # the same number of tokens past layer 1, give or take a 16-token span's rounding
+    assert abs(int(pooled.sum()) - int(calls["per_chunk"][1].sum())) <= 2 * 16
+    # ranked by the question's attention over every layer, scouted over the cached context (not by KV deviation)
+    reused = engine.fuser.fuse(prompt, "full_reuse", 0.0)
+    relevance = engine.fuser.modes["pooled"].plan(engine.fuser.runner, reused.layout, reused.cache, None).relevance
+    assert relevance is not None
+    assert torch.equal(pooled, place_pooled(relevance, chunks, shares, 16))
+    assert not torch.equal(pooled, place_pooled(calls["per_chunk"][0][0], chunks, shares, 16))
