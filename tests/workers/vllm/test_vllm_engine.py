@@ -145,6 +145,7 @@ def test_concurrent_blended_requests_are_batched_and_answer_like_one_at_a_time(v
     assert same == len(requests)
 
 
+@pytest.mark.slow  # the default run keeps make test within 15 minutes; variants are tested on the torch engine there
 def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_them_exactly(
     vllm_engine, records
 ) -> None:
