@@ -6,7 +6,8 @@ cached KV was computed right after the prefix, where they see both. This study c
 three ways and scores full reuse (every chunk's cached KV moved into place, nothing recomputed) against full
 prefill, with the model's own runner (torch, float32 by default):
 
-- `prefix`: the chunk after the prefix, as the store computes it (checked against the fuser's full_reuse);
+- `prefix`: the chunk after the prefix, as the store computes it (the row also holds the fuser's own full_reuse
+  KL, a little lower: the fuser recomputes the context's last token too);
 - `placed`: the same, but at sliding-window layers a chunk token sees a prefix token only where it would at
   its place in the fused context (within the window of its position there): the prefix as the context shows it;
 - `placed_bos`: only the BOS token (position 0, the attention sink) is hidden as `placed` says.
