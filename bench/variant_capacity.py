@@ -51,10 +51,11 @@ def replay(
             counts["reads"] += 1
             read_tokens += size
             found = index.best(key, before) if index is not None and before else None
-            if found is not None and policy.contains(variant_key(key, found[0].before)):
+            held = variant_key(key, found[0].before) if found is not None else None
+            if found is not None and policy.contains(held):
                 counts["variant_reads"] += 1
                 work_tokens += size * hit_share * (1.0 - found[1])
-                policy.touch(variant_key(key, found[0].before))
+                policy.touch(held)
             elif policy.contains(key):
                 counts["base_hits"] += 1
                 work_tokens += size * hit_share
@@ -66,9 +67,10 @@ def replay(
                 policy.touch(key)
                 policy.admit(key, size, 1.0)
             if index is not None and index.worth_creating(key, before, impact=1.0):
+                made = variant_key(key, before)
                 counts["made"] += 1
-                made_keys.add(variant_key(key, before))
-                policy.admit(variant_key(key, before), size, 1.0)
+                made_keys.add(made)
+                policy.admit(made, size, 1.0)
                 dropped = index.add(key, Variant(tuple(before), ()))
                 if dropped is not None:
                     policy.remove(variant_key(key, dropped.before))
