@@ -5,6 +5,8 @@ from pathlib import Path
 
 import typer
 
+from workers.chunk_sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
+
 app = typer.Typer(help="blendserve: RAG serving with CacheBlend chunk-KV fusion.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks; results go to JSON files.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -66,7 +68,9 @@ def eval_command(
     model: Path = typer.Option(None, help="A local Hugging Face checkpoint directory (default: SmolLM2-135M)."),
     max_new_tokens: int = typer.Option(32, min=1, help="Greedy tokens generated per answer."),
     teacher_forced: bool = typer.Option(True, help="Also measure KL and NLL gap along the full-prefill answer."),
-    chunk_context: str = typer.Option("prefix", help="Compute chunk KV 'alone' or after the prompt 'prefix'."),
+    chunk_context: str = typer.Option(
+        DEFAULT_CHUNK_CONTEXT, help=f"What chunk KV is computed after: one of {CHUNK_CONTEXTS} (docs/configuration.md)."
+    ),
     selection_span_tokens: int = typer.Option(16, min=1, help="Span of recomputed tokens (1: single tokens)."),
     gradual_filtering: bool = typer.Option(
         False, help="cacheblend narrows at layers 1 and 2 (2r, then r), as in the paper, instead of once at layer 1."

@@ -12,9 +12,9 @@ from kvplane.checks import check, check_count, check_non_negative, check_positiv
 from kvplane.fs_tier import DEFAULT_TIMEOUT_S
 from kvplane.policy import POLICIES
 from kvplane.tier_spec import TierSpec
+from workers.chunk_sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
 from workers.default_model import DEFAULT_MODEL_NAME
 from workers.dtype import AUTO, DTYPE_CHOICES
-from workers.fuser import CHUNK_CONTEXTS
 from workers.fusion.registry import FUSION_MODES
 from workers.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
 from workers.vllm.settings import VLLMSettings
@@ -60,7 +60,7 @@ class EngineConfig:
     """The engine behind each worker (vLLM, or the reference torch engine) and what chunk KV is computed after."""
 
     kind: str = "vllm"
-    chunk_context: str = "prefix"
+    chunk_context: str = DEFAULT_CHUNK_CONTEXT
     num_threads: int | None = None  # torch threads per worker (torch engine); None: every core of the machine
     vllm: VLLMSettings = field(default_factory=VLLMSettings)  # used when kind is "vllm"
 

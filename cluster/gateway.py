@@ -32,6 +32,7 @@ from scheduler.membership import Member
 from scheduler.placement import worker_locations
 from scheduler.router import Router, RouteReason
 from scheduler.scoring import Chunk
+from workers.chunk_sources import after_prefix
 from workers.dtype import dtype_width_bytes
 from workers.engine_base import BlendRequest, EngineLimits
 from workers.fusion.registry import FUSION_MODES
@@ -204,7 +205,7 @@ class Gateway:
             self.limits = replace(self.limits, max_context_tokens=min(reported))
         if checked is not None:
             check_served(checked[0], len(prompt.token_ids), self.limits, checked[1])
-        context = prompt.prefix_ids if self.config.engine.chunk_context == "prefix" else []
+        context = prompt.prefix_ids if after_prefix(self.config.engine.chunk_context) else []
         fingerprint = members[0].fingerprint
         bytes_per_token = self.values_per_token * dtype_width_bytes(members[0].report.dtype)
         chunks = [

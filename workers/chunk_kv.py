@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.kv_cache import KVCache
+from workers.layers import masked_attention, visible_keys
 from workers.runner import ModelRunner
 
 
@@ -50,10 +52,36 @@ class ChunkLayers:
 
 
 @torch.inference_mode()
-def compute_chunk_kv(runner: ModelRunner, token_ids: list[int], context_ids: list[int] = ()) -> ChunkKV:
-    """Prefill the chunk alone (or after `context_ids`) and keep only the chunk's own KV."""
+def compute_chunk_kv(
+    runner: ModelRunner, token_ids: list[int], context_ids: list[int] = (), hide_context_at_windows: bool = False
+) -> ChunkKV:
+    """Prefill the chunk alone (or after `context_ids`) and keep only the chunk's own KV.
+
+    With `hide_context_at_windows`, the chunk's queries at sliding-window layers see none of the context (as deep
+    in a long prompt, where the window has left it behind); its global layers still see it.
+    """
     ids = torch.tensor(list(context_ids) + list(token_ids), dtype=torch.long)
     cache = runner.new_cache(len(ids))
-    runner.forward(ids, cache, 0)
     start = len(context_ids)
+    if hide_context_at_windows and start:
+        _forward_hiding_context(runner, ids, cache, start)
+    else:
+        runner.forward(ids, cache, 0)
     return ChunkKV(list(token_ids), cache.data[:, :, start:].clone(), base_position=start)
+
+
+def _forward_hiding_context(runner: ModelRunner, ids: torch.Tensor, cache: KVCache, num_context: int) -> None:
+    """Prefill ids from position 0; sliding-window layers hide the first num_context keys from later ones."""
+    cfg = runner.config
+    positions = torch.arange(ids.shape[0], device=runner.device)
+    h = runner.embed(ids.to(runner.device))
+    for layer in range(cfg.num_layers):
+        q, k, v = runner.qkv(layer, h, positions)
+        cache.write(layer, positions, k, v)
+        window = cfg.layer_kind(layer).window_tokens
+        mask = visible_keys(positions, positions, window)  # [T, T]
+        if window is not None:
+            mask[num_context:, :num_context] = False
+        attn = masked_attention(q, k, v, mask, cfg.attention_scale)
+        h = runner.after_attention(layer, h, attn)
+    cache.length = ids.shape[0]

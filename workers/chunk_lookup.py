@@ -1,17 +1,15 @@
 """A request's cached parts looked up (layer streams, not yet read), per the loading controller's plan if any."""
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from workers.chunk_impact import stored_impact
 from workers.chunk_kv import ChunkLayers
+from workers.chunk_sources import PREFIX_INDEX, ChunkSources
 from workers.chunk_store import ChunkStore, read_chunk_layers
 from workers.chunk_variants import VariantIndex, chunk_keys
 from workers.fusion.layout import BlendLayout
 from workers.load_plan import ChunkPlacement, LoadingPlan
 from workers.loading_controller import LoadingController
 from workers.prompt import PromptLayout
-
-PREFIX_INDEX = -1  # BlendLayout.build's index of the prompt prefix among held parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +24,7 @@ class LookupResult:
 def lookup_layout(
     store: ChunkStore,
     prompt: PromptLayout,
-    context_of: Callable[[bool], list[int]],
+    sources: ChunkSources,
     namespace: str,
     ratio: float,
     controller: LoadingController | None = None,
@@ -36,13 +34,15 @@ def lookup_layout(
 ) -> LookupResult:
     """Open every cached part (prefix and chunks); with a controller, from its chosen tier or not at all.
 
-    `context_of(is_prefix)` gives the ids a part's KV was computed after; the request's ratio is the
+    `sources` says which stored version each part reads at its place; the request's ratio is the
     controller's floor for this request; the pass computes KV for the first `kv_end` tokens (None: all). Each
     opened chunk carries its stored context impact, where the store keeps one. With `variants`, a chunk is read
     from its best-fitting variant where one fits well enough.
     """
     kv_end = len(prompt.token_ids) if kv_end is None else kv_end
     parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
+    read = {index: sources.read_at(index, prompt, namespace) for index, _ in parts}
+    base_context = sources.base(False, prompt, namespace).context_ids  # variants and impacts are the base's
     tiers: dict[int, str | None] = {index: None for index, _ in parts}
     skipped: set[int] = set()
     plan = None
@@ -52,7 +52,7 @@ def lookup_layout(
                 str(index),
                 len(ids),
                 len(ids) * layer_bytes_per_token,
-                tuple(store.tiers_of(ids, context_of(index == PREFIX_INDEX), namespace)),
+                tuple(store.tiers_of(ids, read[index].context_ids, read[index].namespace)),
             )
             for index, ids in parts
         ]
@@ -66,7 +66,7 @@ def lookup_layout(
     opened: dict[int, ChunkLayers | None] = {
         index: None
         if index in skipped
-        else read_chunk_layers(store, ids, context_of(index == PREFIX_INDEX), namespace, tiers[index])
+        else read_chunk_layers(store, ids, read[index].context_ids, read[index].namespace, tiers[index])
         for index, ids in parts
     }
     for index, ids in parts:
@@ -74,8 +74,8 @@ def lookup_layout(
         if layers is None or index == PREFIX_INDEX:
             continue
         if variants is not None:
-            layers = open_variant(store, prompt, index, context_of(False), namespace, variants) or layers
-        layers.impact = stored_impact(store, ids, context_of(False), namespace)
+            layers = open_variant(store, prompt, index, base_context, namespace, variants) or layers
+        layers.impact = stored_impact(store, ids, base_context, namespace)
         opened[index] = layers
     layout = BlendLayout.build(
         prompt,

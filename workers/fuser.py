@@ -9,6 +9,7 @@ from kvplane.layer_stream import ChunkLost
 from workers.chunk_impact import record_impact, stored_impact
 from workers.chunk_kv import compute_chunk_kv
 from workers.chunk_lookup import LookupResult, lookup_layout
+from workers.chunk_sources import DEFAULT_CHUNK_CONTEXT, ChunkSources
 from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore
 from workers.chunk_variants import Variant, VariantIndex, chunk_keys
 from workers.engine_base import StoredChunk
@@ -22,8 +23,6 @@ from workers.kv_cache import KVCache
 from workers.loading_controller import LoadingController
 from workers.prompt import PromptLayout, PromptTemplate
 from workers.runner import ModelRunner
-
-CHUNK_CONTEXTS = ("alone", "prefix")  # what a chunk's KV is computed after: nothing, or the prompt prefix
 
 _log = logging.getLogger(__name__)
 
@@ -69,15 +68,14 @@ class Fuser:
         options: FusionOptions = FusionOptions(),
         store: ChunkStore | None = None,
         template: PromptTemplate | None = None,
-        chunk_context: str = "prefix",
+        chunk_context: str = DEFAULT_CHUNK_CONTEXT,
         loader: LayerLoader | None = None,
         controller: LoadingController | None = None,
         blending_refused: str | None = None,
         modes: Mapping[str, FusionMode] | None = None,
         variants: VariantIndex | None = None,
     ) -> None:
-        if chunk_context not in CHUNK_CONTEXTS:
-            raise ValueError(f"chunk_context must be one of {CHUNK_CONTEXTS}, got {chunk_context!r}")
+        self.sources = ChunkSources.for_model(chunk_context, runner.config)
         self.runner = runner
         self.options = options
         self.store = store if store is not None else LocalChunkStore()
@@ -109,28 +107,19 @@ class Fuser:
     def precompute(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""
         parts = [(prompt.prefix_ids, True)] + [(ids, False) for ids in prompt.chunk_ids]
-        missing = [
-            (ids, is_prefix) for ids, is_prefix in parts if ids and not self._tiers(ids, is_prefix, prompt, namespace)
-        ]
-        for ids, is_prefix in missing:
-            self._store(ids, is_prefix, prompt, namespace)
-        return len(missing)
+        return sum(self._store_missing(ids, is_prefix, prompt, namespace) for ids, is_prefix in parts if ids)
 
     def store_documents(self, documents: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[StoredChunk]:
         """Compute (if missing) and store each document's chunk KV; where each now lives, in order."""
         prompt = self.layout(documents, "")
-        stored = []
-        for ids in prompt.chunk_ids:
-            computed = not self._tiers(ids, False, prompt, namespace)
-            if computed:
-                self._store(ids, False, prompt, namespace)
-            stored.append(StoredChunk(len(ids), computed))
-        if prompt.prefix_ids and not self._tiers(prompt.prefix_ids, True, prompt, namespace):
-            self._store(prompt.prefix_ids, True, prompt, namespace)
+        stored = [StoredChunk(len(ids), self._store_missing(ids, False, prompt, namespace)) for ids in prompt.chunk_ids]
+        if prompt.prefix_ids:
+            self._store_missing(prompt.prefix_ids, True, prompt, namespace)
         self.store.flush()
+        context = self._context_ids(False, prompt)
         for chunk, ids in zip(stored, prompt.chunk_ids):
-            chunk.key = self.store.key(ids, self._context_ids(False, prompt), namespace)
-            chunk.tiers = self._tiers(ids, False, prompt, namespace)
+            chunk.key = self.store.key(ids, context, namespace)
+            chunk.tiers = self.store.tiers_of(ids, context, namespace)
         return stored
 
     def fuse(
@@ -168,7 +157,7 @@ class Fuser:
         for seg in fused.layout.segments:
             if _missed(seg):
                 ids = fused.layout.token_ids[seg.start : seg.end].tolist()
-                self._store(ids, seg.kind == PREFIX, prompt, namespace)
+                self._store_missing(ids, seg.kind == PREFIX, prompt, namespace)
         if self.variants is not None:
             self._make_variants(fused, prompt, namespace, self.variants)
 
@@ -221,7 +210,7 @@ class Fuser:
         return lookup_layout(
             self.store,
             prompt,
-            lambda is_prefix: self._context_ids(is_prefix, prompt),
+            self.sources,
             namespace,
             ratio,
             self.controller,
@@ -236,15 +225,20 @@ class Fuser:
         return [stored_impact(self.store, ids, context, namespace) for ids in prompt.chunk_ids]
 
     def _context_ids(self, is_prefix: bool, prompt: PromptLayout) -> list[int]:
-        """What a part's KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""
-        return prompt.prefix_ids if self.chunk_context == "prefix" and not is_prefix else []
+        """What a part's base KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""
+        return self.sources.base(is_prefix, prompt, DEFAULT_NAMESPACE).context_ids
 
-    def _tiers(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> list[str]:
-        return self.store.tiers_of(ids, self._context_ids(is_prefix, prompt), namespace)
-
-    def _store(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> None:
-        context = self._context_ids(is_prefix, prompt)
-        self.store.put(compute_chunk_kv(self.runner, ids, context), context, namespace)
+    def _store_missing(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> bool:
+        """Compute and store each version of a part the store lacks; whether there was any."""
+        missing = [
+            source
+            for source in self.sources.versions(is_prefix, prompt, namespace)
+            if not self.store.tiers_of(ids, source.context_ids, source.namespace)
+        ]
+        for source in missing:
+            chunk = compute_chunk_kv(self.runner, ids, source.context_ids, source.hides_context)
+            self.store.put(chunk, source.context_ids, source.namespace)
+        return bool(missing)
 
 
 def _missed(seg: Segment) -> bool:

@@ -59,11 +59,21 @@ def causal_attention(
     if window is not None and window < num_tokens:
         positions = torch.arange(num_tokens, device=q.device)
         mask = visible_keys(positions, positions, window)  # [T, T]
+    return masked_attention(q, k, v, mask, scale)
+
+
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None = None
+) -> torch.Tensor:
+    """Each query attends to the keys its row of `mask` allows (causal order when mask is None).
+
+    q: [S, H, D]; k, v: [N, H_kv, D]; mask: [S, N] bool -> [S, H * D]
+    """
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
-    )  # [1, H, T, D]
-    return out[0].transpose(0, 1).reshape(num_tokens, -1)
+    )  # [1, H, S, D]
+    return out[0].transpose(0, 1).reshape(q.shape[0], -1)
 
 
 def positional_attention(

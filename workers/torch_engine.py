@@ -4,6 +4,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from workers.checkpoint import Checkpoint, load_checkpoint
+from workers.chunk_sources import DEFAULT_CHUNK_CONTEXT
 from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore
 from workers.decode import iter_decode
 from workers.default_model import prepare_default_model
@@ -41,7 +42,7 @@ class TorchEngine(Engine):
         options: FusionOptions = FusionOptions(),
         store: ChunkStore | None = None,
         template: PromptTemplate | None = None,
-        chunk_context: str = "prefix",
+        chunk_context: str = DEFAULT_CHUNK_CONTEXT,
         loader: LayerLoader | None = None,
         controller: LoadingController | None = None,
     ) -> "TorchEngine":
@@ -91,7 +92,7 @@ def load_torch_engine(
     model_path: Path | None = None,
     dtype: str = AUTO,
     options: FusionOptions = FusionOptions(),
-    chunk_context: str = "prefix",
+    chunk_context: str = DEFAULT_CHUNK_CONTEXT,
 ) -> TorchEngine:
     """The default model (or `model_path`) loaded once in `dtype`, made concrete for this CPU, in a TorchEngine."""
     path = model_path or prepare_default_model()

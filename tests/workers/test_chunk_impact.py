@@ -6,6 +6,7 @@ from workers.checkpoint import Checkpoint
 from workers.chunk_impact import ChunkImpact, ImpactBook, record_impact, stored_impact
 from workers.chunk_kv import ChunkKV, ChunkLayers
 from workers.chunk_lookup import lookup_layout
+from workers.chunk_sources import ChunkSources
 from workers.chunk_store import LocalChunkStore
 from workers.fusion.base import FusionOptions
 from workers.fusion.cachecraft import CacheCraft, CraftPlan
@@ -37,7 +38,7 @@ def test_a_stored_impact_travels_with_the_chunk_at_lookup() -> None:
     record_impact(store, [3, 3, 3], prompt.prefix_ids, "default", 0.1)
     assert stored_impact(store, [3, 3, 3], prompt.prefix_ids, "default") == pytest.approx(0.2)
     assert stored_impact(store, [3, 3, 3], [], "default") is None  # KV after another context: another chunk
-    layout = lookup_layout(store, prompt, lambda is_prefix: [] if is_prefix else prompt.prefix_ids, "default", 0.15)
+    layout = lookup_layout(store, prompt, ChunkSources("prefix"), "default", 0.15)
     impacts = [seg.cached.impact for seg in layout.layout.chunk_segments()]
     assert impacts[0] is None and impacts[1] == pytest.approx(0.2)
     record_impact(object(), [3], [], "default", 0.5)  # a store that keeps no impacts: nothing happens

@@ -15,7 +15,8 @@ from tests.workers.test_chunk_kv import kv_at
 from workers.canary import measure_canary
 from workers.checkpoint import Checkpoint, load_checkpoint
 from workers.chunk_kv import compute_chunk_kv
-from workers.chunk_store import LocalChunkStore
+from workers.chunk_sources import WINDOWED_QUALIFIER, past_the_prefix
+from workers.chunk_store import DEFAULT_NAMESPACE, LocalChunkStore
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
 from workers.gemma_model import prepare_gemma3
@@ -118,6 +119,44 @@ def test_a_chunk_computed_after_the_prefix_moves_to_a_shift_like_computing_it_th
     torch.testing.assert_close(cached.kv[layer, 1], there[1], atol=2e-3, rtol=1e-4)
     other = GLOBAL_LAYER if layer == LOCAL_LAYER else LOCAL_LAYER  # the other kind's base is visibly wrong
     assert not torch.allclose(gemma_runner.rerotate_keys(other, keys, SHIFT), there[0], atol=0.1)
+
+
+def test_the_windowed_version_hides_the_prefix_from_local_layers_only(
+    gemma_runner: ModelRunner, long_prompt: list[int]
+) -> None:
+    """Until the first global layer has seen the prefix, the chunk's KV is its own (alone, moved after the prefix)."""
+    prefix, chunk = long_prompt[:40], long_prompt[40:300]
+    windowed = compute_chunk_kv(gemma_runner, chunk, prefix, hide_context_at_windows=True).kv
+    alone = compute_chunk_kv(gemma_runner, chunk).kv
+    seen = compute_chunk_kv(gemma_runner, chunk, prefix).kv
+    moved = torch.stack([gemma_runner.rerotate_keys(layer, k, len(prefix)) for layer, k in enumerate(alone[:, 0])])
+    first_after_global = GLOBAL_LAYER + 1  # layer 6's input is the global layer 5's output, which saw the prefix
+    torch.testing.assert_close(windowed[:first_after_global, 0], moved[:first_after_global], atol=2e-3, rtol=1e-4)
+    torch.testing.assert_close(windowed[:first_after_global, 1], alone[:first_after_global, 1], atol=2e-3, rtol=1e-4)
+    assert not torch.allclose(windowed[first_after_global:, 1], alone[first_after_global:, 1], atol=0.1)
+    assert not torch.allclose(windowed[1:, 1], seen[1:, 1], atol=0.1)  # from layer 1 on, the prefix is hidden
+
+
+def test_the_fuser_reads_the_windowed_version_where_the_window_has_left_the_prefix(
+    gemma_runner: ModelRunner, qa_records: list[dict]
+) -> None:
+    fuser = Fuser(gemma_runner, FusionOptions())
+    documents = [doc for record in qa_records for doc in record["documents"]]
+    prompt = fuser.layout(documents, qa_records[0]["question"])
+    fuser.precompute(prompt)
+    assert len(fuser.store) == 1 + 2 * len(prompt.chunk_ids)  # the prefix, and two versions of each chunk
+    fused = fuser.fuse(prompt, "full_reuse", 0.0)
+    num_prefix, start, blind = len(prompt.prefix_ids), len(prompt.prefix_ids), []
+    for ids in prompt.chunk_ids:
+        blind.append(past_the_prefix(start, len(ids), num_prefix, 512))
+        namespace = DEFAULT_NAMESPACE + WINDOWED_QUALIFIER if blind[-1] else DEFAULT_NAMESPACE
+        stored = fuser.store.get(ids, prompt.prefix_ids, namespace).kv  # [L, 2, n, H_kv, D]
+        keys = torch.stack([gemma_runner.rerotate_keys(i, k, start - num_prefix) for i, k in enumerate(stored[:, 0])])
+        end = start + len(ids) - 1  # the context's last token is recomputed by every mode
+        torch.testing.assert_close(fused.cache.data[:, 0, start:end], keys[:, : end - start], atol=2e-3, rtol=1e-4)
+        torch.testing.assert_close(fused.cache.data[:, 1, start:end], stored[:, 1, : end - start])
+        start += len(ids)
+    assert not blind[0] and blind[-1]  # the first chunk reads the prefix version, the deepest the windowed one
 
 
 def test_canary_passes_with_correct_rerotation(gemma_runner: ModelRunner) -> None:

@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from workers.checkpoint import load_checkpoint
+from workers.chunk_sources import DEFAULT_CHUNK_CONTEXT
 from workers.default_model import prepare_default_model
 from workers.dtype import resolve_dtype, torch_dtype
 from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
@@ -21,7 +22,7 @@ def load_eval_engine(
     model: Path | None = None,
     dtype: str = "auto",
     options: FusionOptions = FusionOptions(),
-    chunk_context: str = "prefix",
+    chunk_context: str = DEFAULT_CHUNK_CONTEXT,
     modes: Mapping[str, FusionMode] | None = None,
 ) -> EngineAccess:
     """The torch engine, or the vLLM engine (vLLM prefills the question and decodes), with `options`' modes.
