@@ -25,7 +25,9 @@ def layout(prefix_tokens: int, chunk_tokens: list[int]) -> PromptLayout:
         (10, 4, True),  # none sees the prefix
     ],
 )
-def test_past_the_prefix_counts_the_tokens_whose_window_has_left_it(start: int, num_tokens: int, expected: bool) -> None:
+def test_past_the_prefix_counts_the_tokens_whose_window_has_left_it(
+    start: int, num_tokens: int, expected: bool
+) -> None:
     assert past_the_prefix(start, num_tokens, 3, WINDOW) is expected
 
 

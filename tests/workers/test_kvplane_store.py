@@ -1,6 +1,8 @@
 """The engine on kvplane's tiered store: misses written back, hits found again after a restart from SSD."""
 from pathlib import Path
 
+import pytest
+
 from kvplane.store import TieredStore
 from kvplane.tier_spec import TierSpec
 from workers.checkpoint import Checkpoint
@@ -41,6 +43,7 @@ def test_chunks_survive_a_restart_and_stay_per_model(checkpoint: Checkpoint, tmp
         assert cold.stats.reused_tokens == 0
 
 
+@pytest.mark.slow  # tenants stay apart end to end by default in tests/cluster/test_serving.py
 def test_tenants_do_not_share_chunks(checkpoint: Checkpoint, tmp_path: Path, qa_records: list[dict]) -> None:
     documents, question = qa_records[1]["documents"], qa_records[1]["question"]
     with open_store(tmp_path) as store:
