@@ -6,11 +6,14 @@ cached KV was computed right after the prefix, where they see both. This study c
 three ways and scores full reuse (every chunk's cached KV moved into place, nothing recomputed) against full
 prefill, with the model's own runner (torch, float32 by default):
 
-- `prefix`: the chunk after the prefix, as the store computes it (the row also holds the fuser's own full_reuse
-  KL, a little lower: the fuser recomputes the context's last token too);
+- `prefix`: the chunk after the prefix, as the store's first copy (under `--chunk-context prefix` the row's
+  fuser full_reuse KL is a little lower than this one's: the fuser recomputes the context's last token too);
 - `placed`: the same, but at sliding-window layers a chunk token sees a prefix token only where it would at
   its place in the fused context (within the window of its position there): the prefix as the context shows it;
 - `placed_bos`: only the BOS token (position 0, the attention sink) is hidden as `placed` says.
+
+The fuser's own full_reuse runs under `--chunk-context` (`window_aware`, the default, reads a chunk from the copy
+computed with the prefix hidden from local layers wherever most of its tokens lie past the prefix's window).
 
 Per record: first-token KL and the teacher-forced KL along full prefill's greedy answer, and each layer kind's
 relative KV error of the reused context against full prefill's.
@@ -25,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.checkpoint import load_checkpoint
+from workers.chunk_sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
 from workers.dtype import DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 from workers.evaluation.divergence import teacher_forced_divergence
 from workers.evaluation.teacher_forced import answer_logprobs
@@ -147,10 +151,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32")
+    parser.add_argument("--chunk-context", choices=CHUNK_CONTEXTS, default=DEFAULT_CHUNK_CONTEXT)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     dtype = resolve_dtype(args.dtype, args.model, on_gpu=False)
-    fuser = Fuser(ModelRunner(load_checkpoint(args.model, torch_dtype(dtype))))
+    fuser = Fuser(ModelRunner(load_checkpoint(args.model, torch_dtype(dtype))), chunk_context=args.chunk_context)
     with open(args.data) as handle:
         records = [json.loads(line) for line in handle][args.offset : args.offset + args.limit]
     rows = []
@@ -164,8 +169,8 @@ def main() -> None:
     summary["full_reuse_tf_kl"] = statistics.fmean(row["full_reuse_tf_kl"] for row in rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**measured_on(dtype), "model": str(args.model), "data": str(args.data),
-                                    "offset": args.offset, "records": len(rows), "summary": summary,
-                                    "rows": rows}, indent=2) + "\n")
+                                    "chunk_context": args.chunk_context, "offset": args.offset, "records": len(rows),
+                                    "summary": summary, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

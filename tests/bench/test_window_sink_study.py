@@ -22,6 +22,8 @@ def test_a_chunk_placed_past_the_window_stops_seeing_the_prefix_at_local_layers(
     assert torch.equal(chunk_kv(runner, context, chunk, "placed", place=len(context)), prefix)  # where computed
     deep = chunk_kv(runner, context, chunk, "placed", place=2000)  # past the 512-token window of the prefix
     assert torch.equal(deep[0], prefix[0])  # layer 0's K/V come before any attention
+    windowed = compute_chunk_kv(runner, chunk, context, hide_context_at_windows=True).kv  # the store's other copy
+    torch.testing.assert_close(deep, windowed)
     assert not torch.allclose(deep[1], prefix[1], atol=1e-3)  # layer 0 is local: without the prefix it changed
     bos_only = chunk_kv(runner, context, chunk, "placed_bos", place=2000)
     assert not torch.allclose(bos_only[1], deep[1], atol=1e-3)  # the rest of the prefix still seen
