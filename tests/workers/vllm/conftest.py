@@ -51,8 +51,12 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(llm: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """One VLLMEngine (fusion + connector + continuous batching) beside the plain `llm`, in this process."""
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One VLLMEngine (fusion + connector + continuous batching) in this process (the plain `llm` may run beside it).
+
+    It does not start `llm`: that second engine start (~30 s on AVX2) is only for the slow-marked tests that ask.
+    """
+    _require_vllm()
     from workers.vllm.engine import VLLMEngine
     from workers.vllm.settings import VLLMSettings
 
