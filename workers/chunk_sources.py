@@ -4,7 +4,7 @@ A chunk's KV is computed once, after the prompt prefix. On a model with sliding-
 tokens) the chunk's tokens then see the prefix and its BOS token (the attention sink) at every layer, yet deep
 in a fused prompt their windows hold only the chunks before them. Under `window_aware` the store keeps a
 second version computed with the prefix hidden from the sliding-window layers, read wherever most of the
-chunk's tokens would see none of the prefix (docs/quality.md, Gemma 3: full reuse KL -30% on musique).
+chunk's tokens would see none of the prefix (docs/quality.md, Gemma 3: a third off full reuse's KL on musique).
 """
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
