@@ -19,6 +19,7 @@ import torch
 
 from workers.checkpoint import load_checkpoint
 from workers.chunk_sources import PREFIX_INDEX, ChunkSource, ChunkSources
+from workers.decode import greedy_answer
 from workers.dtype import measured_on
 from workers.evaluation.divergence import teacher_forced_divergence
 from workers.evaluation.teacher_forced import answer_logprobs
@@ -41,25 +42,12 @@ class ChosenSources(ChunkSources):
         return versions[-1] if index in self.windowed else versions[0]
 
 
-@torch.inference_mode()
-def greedy_answer(runner: ModelRunner, prompt: PromptLayout, max_new_tokens: int) -> list[int]:
-    """Full prefill's greedy answer."""
-    num_prompt = len(prompt.token_ids)
-    cache = runner.new_cache(num_prompt + max_new_tokens)
-    hidden = runner.forward(torch.tensor(prompt.token_ids, device=runner.device), cache, 0)
-    answer = [int(runner.logits(hidden[-1:]).argmax(-1))]
-    while len(answer) < max_new_tokens:
-        step = runner.forward(torch.tensor(answer[-1:], device=runner.device), cache, num_prompt + len(answer) - 1)
-        answer.append(int(runner.logits(step).argmax(-1)))
-    return answer
-
-
 def study_record(runner: ModelRunner, record: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
     """Each rule's teacher-forced KL at full reuse and cacheblend r = 0.15."""
     fuser = Fuser(runner, chunk_context="window_aware")
     prompt = fuser.layout([c["text"] for c in record["ctxs"]], record["question"])
     kv_end = len(prompt.token_ids) - len(prompt.suffix_ids)
-    answer = greedy_answer(runner, prompt, max_new_tokens)
+    answer, _ = greedy_answer(runner, prompt.token_ids, max_new_tokens)
     targets = torch.tensor(answer)
     reference = answer_logprobs(fuser, prompt, "full_prefill", 1.0, answer, kv_end)
     fuser.precompute(prompt)

@@ -25,16 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from workers.checkpoint import load_checkpoint
-from workers.chunk_sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
+from workers.chunk_kv import forward_hiding_context
+from workers.chunk_sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT, ChunkSources
+from workers.decode import greedy_answer
 from workers.dtype import DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 from workers.evaluation.divergence import teacher_forced_divergence
 from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
 from workers.kv_cache import KVCache
-from workers.layers import visible_keys
 from workers.runner import ModelRunner
 
 VARIANTS = ("prefix", "placed", "placed_bos")
@@ -48,26 +48,17 @@ def chunk_kv(
 
     `place`: the position of the chunk's first token in the fused context. -> [L, 2, n, H_kv, D]
     """
-    cfg, num_context = runner.config, len(context_ids)
+    num_context = len(context_ids)
     ids = torch.tensor(context_ids + chunk_ids, device=runner.device)
-    positions = torch.arange(ids.shape[0], device=runner.device)
     cache = runner.new_cache(ids.shape[0])
-    h = runner.embed(ids)
-    for layer in range(cfg.num_layers):
-        q, k, v = runner.qkv(layer, h, positions)
-        cache.write(layer, positions, k, v)
-        window = cfg.layer_kind(layer).window_tokens
-        mask = visible_keys(positions, positions, window)  # [T, T]
-        if window is not None and variant != "prefix":
-            at_place = positions[num_context:] + (place - num_context)  # the chunk tokens' positions when fused
-            seen = (at_place[:, None] - positions[None, :num_context]) < window  # [n, num_context]
-            hidden = slice(0, num_context) if variant == "placed" else slice(0, 1)
-            mask[num_context:, hidden] &= seen[:, hidden]
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-            attn_mask=mask, scale=cfg.attention_scale, enable_gqa=True,
-        )  # [1, H, T, D]
-        h = runner.after_attention(layer, h, out[0].transpose(0, 1).reshape(ids.shape[0], -1))
+    hidden = torch.zeros(len(chunk_ids), num_context, dtype=torch.bool, device=runner.device)
+    window = ChunkSources.for_model("window_aware", runner.config).window_tokens  # Gemma 3: every local layer's
+    if window is not None and variant != "prefix":
+        at_place = torch.arange(len(chunk_ids), device=runner.device) + place  # the chunk tokens' fused positions
+        unseen = (at_place[:, None] - torch.arange(num_context, device=runner.device)[None, :]) >= window
+        columns = slice(0, num_context) if variant == "placed" else slice(0, 1)
+        hidden[:, columns] = unseen[:, columns]
+    forward_hiding_context(runner, ids, cache, hidden)
     return cache.data[:, :, num_context:].clone()
 
 
@@ -102,13 +93,7 @@ def study_record(fuser: Fuser, record: dict[str, Any], max_new_tokens: int) -> d
     prompt = fuser.layout(documents, record["question"])
     kv_end = len(prompt.prefix_ids) + sum(len(ids) for ids in prompt.chunk_ids)
     capacity = len(prompt.token_ids) + max_new_tokens
-    full = runner.new_cache(capacity)
-    hidden = runner.forward(torch.tensor(prompt.token_ids, device=runner.device), full, 0)
-    answer = [int(runner.logits(hidden[-1:]).argmax(-1))]
-    while len(answer) < max_new_tokens:
-        at = len(prompt.token_ids) + len(answer) - 1
-        step = runner.forward(torch.tensor(answer[-1:], device=runner.device), full, at)
-        answer.append(int(runner.logits(step).argmax(-1)))
+    answer, full = greedy_answer(runner, prompt.token_ids, max_new_tokens)
     full_kv = full.data[:, :, :kv_end].clone()
     question = prompt.token_ids[kv_end:]
     reference = logprobs_over(runner, clone_prefix(runner, full, kv_end, capacity), question + answer[:-1], kv_end)

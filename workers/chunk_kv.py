@@ -64,15 +64,20 @@ def compute_chunk_kv(
     cache = runner.new_cache(len(ids))
     start = len(context_ids)
     if hide_context_at_windows and start:
-        _forward_hiding_context(runner, ids, cache, start)
+        hidden = torch.ones(len(token_ids), start, dtype=torch.bool, device=runner.device)
+        forward_hiding_context(runner, ids, cache, hidden)
     else:
         runner.forward(ids, cache, 0)
     return ChunkKV(list(token_ids), cache.data[:, :, start:].clone(), base_position=start)
 
 
-def _forward_hiding_context(runner: ModelRunner, ids: torch.Tensor, cache: KVCache, num_context: int) -> None:
-    """Prefill ids from position 0; sliding-window layers hide the first num_context keys from later ones."""
-    cfg = runner.config
+def forward_hiding_context(runner: ModelRunner, ids: torch.Tensor, cache: KVCache, hidden: torch.Tensor) -> None:
+    """Prefill ids from position 0; at sliding-window layers the tokens after the context miss the keys `hidden` marks.
+
+    ids: [T] (context then chunk); hidden: [T - num_context, num_context] bool, True where a chunk token's query
+    must not see a context key.
+    """
+    cfg, num_context = runner.config, hidden.shape[1]
     positions = torch.arange(ids.shape[0], device=runner.device)
     h = runner.embed(ids.to(runner.device))
     for layer in range(cfg.num_layers):
@@ -81,7 +86,6 @@ def _forward_hiding_context(runner: ModelRunner, ids: torch.Tensor, cache: KVCac
         window = cfg.layer_kind(layer).window_tokens
         mask = visible_keys(positions, positions, window)  # [T, T]
         if window is not None:
-            mask[num_context:, :num_context] = False
-        attn = masked_attention(q, k, v, mask, cfg.attention_scale)
-        h = runner.after_attention(layer, h, attn)
+            mask[num_context:, :num_context] &= ~hidden
+        h = runner.after_attention(layer, h, masked_attention(q, k, v, mask, cfg.attention_scale))
     cache.length = ids.shape[0]

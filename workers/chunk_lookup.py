@@ -42,7 +42,7 @@ def lookup_layout(
     kv_end = len(prompt.token_ids) if kv_end is None else kv_end
     parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
     read = {index: sources.read_at(index, prompt, namespace) for index, _ in parts}
-    base_context = sources.base(False, prompt, namespace).context_ids  # variants and impacts are the base's
+    base_context = sources.context_ids(False, prompt)  # variants and impacts are keyed by the base version
     tiers: dict[int, str | None] = {index: None for index, _ in parts}
     skipped: set[int] = set()
     plan = None

@@ -52,10 +52,13 @@ class ChunkSources:
         windows = [kind.window_tokens for kind in config.layer_kinds if kind.window_tokens is not None]
         return cls(chunk_context, min(windows) if windows else None)
 
+    def context_ids(self, is_prefix: bool, prompt: "PromptLayout") -> list[int]:
+        """What every version of a part is computed after: the prefix (never for the prefix itself) or nothing."""
+        return prompt.prefix_ids if after_prefix(self.chunk_context) and not is_prefix else []
+
     def base(self, is_prefix: bool, prompt: "PromptLayout", namespace: str) -> ChunkSource:
-        """The version every part has: after the prefix (never for the prefix itself) or after nothing."""
-        context = prompt.prefix_ids if after_prefix(self.chunk_context) and not is_prefix else []
-        return ChunkSource(context, namespace)
+        """The version every part has, filed under the namespace itself."""
+        return ChunkSource(self.context_ids(is_prefix, prompt), namespace)
 
     def versions(self, is_prefix: bool, prompt: "PromptLayout", namespace: str) -> list[ChunkSource]:
         """Every version of a part the store keeps, the base one first."""

@@ -22,3 +22,12 @@ def iter_decode(
             return
         h = runner.forward(torch.tensor([token]), cache, cache.length)
         logits = runner.logits(h)[-1]
+
+
+@torch.inference_mode()
+def greedy_answer(runner: ModelRunner, token_ids: list[int], max_new_tokens: int) -> tuple[list[int], KVCache]:
+    """Full prefill of a prompt, then max_new_tokens greedy tokens (no stop token); the answer and its cache."""
+    cache = runner.new_cache(len(token_ids) + max_new_tokens)
+    hidden = runner.forward(torch.tensor(token_ids, device=runner.device), cache, 0)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    return list(iter_decode(runner, cache, runner.logits(hidden[-1:])[-1], params)), cache

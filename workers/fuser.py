@@ -80,7 +80,6 @@ class Fuser:
         self.options = options
         self.store = store if store is not None else LocalChunkStore()
         self.template = template or PromptTemplate(runner.checkpoint.tokenizer)
-        self.chunk_context = chunk_context
         self.loader = loader if loader is not None else PipelinedLoader()
         self.controller = controller
         self.blending_refused = blending_refused
@@ -90,6 +89,11 @@ class Fuser:
             modes = {name: full if mode.reads_chunk_cache else mode for name, mode in modes.items()}
         self.modes = modes
         self.variants = variants
+
+    @property
+    def chunk_context(self) -> str:
+        """What chunk KV is computed after (CHUNK_CONTEXTS), as the fuser was built with."""
+        return self.sources.chunk_context
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -226,7 +230,7 @@ class Fuser:
 
     def _context_ids(self, is_prefix: bool, prompt: PromptLayout) -> list[int]:
         """What a part's base KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""
-        return self.sources.base(is_prefix, prompt, DEFAULT_NAMESPACE).context_ids
+        return self.sources.context_ids(is_prefix, prompt)
 
     def _store_missing(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> bool:
         """Compute and store each version of a part the store lacks; whether there was any."""
