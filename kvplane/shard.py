@@ -1,6 +1,7 @@
 """KVShard: one node's RAM and SSD tiers, served to the cluster through Ray."""
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,12 +16,15 @@ from kvplane.buffers import owned_blob
 from kvplane.index_reporter import IndexReporter
 from kvplane.index_watch import IndexWatch
 from kvplane.namespace import RAY_NAMESPACE, was_restarted
-from kvplane.node_identity import NodeSlot, claim_slot
+from kvplane.node_identity import NodeSlot, claim_slot, live_slots
+from kvplane.slot_share import slot_share_bytes
 from kvplane.stats import StoreStats
 from kvplane.store import STALE_TEMPORARY_S, TieredStore
 from kvplane.tier_spec import TierSpec
 
 SHARD_NAME_PREFIX = "kvshard-"
+SSD_TIER = "ssd"
+SHARE_REFRESH_S = 5.0  # a slot that comes or goes changes the others' shares within this long
 
 _log = logging.getLogger(__name__)
 
@@ -28,6 +32,8 @@ _log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class ShardConfig:
     """Capacities of a node's shard; the SSD tier lives under `ssd_url/<stable node identity>`."""
+
+    # ssd_capacity_bytes is the node's SSD budget under a local root, shared by the live shards there.
 
     ram_capacity_bytes: int
     ssd_url: str | None = None
@@ -49,7 +55,7 @@ class ShardConfig:
         specs = [TierSpec("ram", "ram://", self.ram_capacity_bytes, self.policy)]
         if self.ssd_url is not None:
             url = f"{self.ssd_url.rstrip('/')}/{identity}"
-            specs.append(TierSpec("ssd", url, self.ssd_capacity_bytes, self.policy))
+            specs.append(TierSpec(SSD_TIER, url, self.ssd_capacity_bytes, self.policy))
         return specs
 
     @property
@@ -68,8 +74,8 @@ def shard_name(node_id: str) -> str:
 class ShardServer:
     """A node's TieredStore answering the Tier calls with numpy blobs (zero-copy through Ray)."""
 
-    # The SSD folder is named by a stable identity (a slot of this host, see node_identity), not by the
-    # Ray node id, which is new at every Ray start: a restarted node or shard finds its entries again.
+    # The SSD folder is named by a stable identity (a slot of this node, see node_identity), not by the
+    # Ray node id, which is new at every Ray start: a restarted node, shard or pod finds its entries again.
     # Holding the slot alone, the shard sweeps every temporary file of an interrupted write at start.
 
     def __init__(self, config: ShardConfig, node_id: str, index: ActorHandle | None = None) -> None:
@@ -80,14 +86,46 @@ class ShardServer:
         self.identity = self.name if self._slot is None else self._slot.name
         self._reporter = IndexReporter(index, self.name) if index is not None else None
         specs = config.tier_specs(self.identity)
-        self._store = TieredStore.from_specs(specs, config.write_back_threads, self._reporter, config.tenant_share)
+        capped = () if self._slot is None else (SSD_TIER,)
+        self._store = TieredStore.from_specs(
+            specs, config.write_back_threads, self._reporter, config.tenant_share, capped_tiers=capped
+        )
+        self._ssd_budget_bytes = config.ssd_capacity_bytes
+        self._ssd_share_bytes = config.ssd_capacity_bytes
+        self._share_lock = threading.Lock()
+        self.refresh_share()  # before recovery, which then adopts only what fits in this slot's share
         self.recovered = self._store.recover(0.0 if self._slot is not None else STALE_TEMPORARY_S)
         # An index that restarts comes back empty; the shard's entries are most of what it should know.
         self._watch = None if index is None else IndexWatch(index, self._store, self._reporter).start()
+        self._share_watch = None if self._slot is None else ShareWatch(self).start()
         self.restarted = was_restarted()
         self._started_s = time.monotonic()
         how = "restarted" if self.restarted else "started"
         _log.warning("kvplane: shard %s %s as %s; %d entries recovered", self.name, how, self.identity, self.recovered)
+
+    def refresh_share(self) -> int | None:
+        """Count the live slots under the SSD root and hold this shard to its share of the node's SSD budget."""
+        # One budget per node: each live slot under the root holds budget // live slots, recounted each refresh.
+        if self._slot is None:
+            return None
+        with self._share_lock:
+            share_bytes = slot_share_bytes(self._ssd_budget_bytes, len(live_slots(self._slot.root)))
+            if share_bytes != self._ssd_share_bytes:
+                evicted = self._store.cap_tier(SSD_TIER, share_bytes)
+                _log.warning("kvplane: shard %s may hold %d SSD bytes of the node's %d now (%d entries evicted)",
+                             self.identity, share_bytes, self._ssd_budget_bytes, evicted)
+                self._ssd_share_bytes = share_bytes
+            return share_bytes
+
+    def close(self) -> None:
+        """Stop the background work, finish pending writes and give the SSD slot up."""
+        if self._share_watch is not None:
+            self._share_watch.stop()
+        if self._watch is not None:
+            self._watch.stop()
+        self._store.close()
+        if self._slot is not None:
+            self._slot.release()
 
     def ping(self) -> str:
         """The shard's name, once it is up."""
@@ -147,6 +185,32 @@ class ShardServer:
         self._store.flush()
         if self._reporter is not None:
             self._reporter.flush()
+
+
+class ShareWatch:
+    """Refreshes a shard's share of its node's SSD budget now and then, as slots come and go."""
+
+    def __init__(self, shard: ShardServer, interval_s: float = SHARE_REFRESH_S) -> None:
+        self._shard = shard
+        self._interval_s = interval_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kvplane-share-watch", daemon=True)
+
+    def start(self) -> "ShareWatch":
+        """Start refreshing in the background."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop refreshing."""
+        self._stopped.set()
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self._shard.refresh_share()
+            except OSError as err:  # the root is unreachable for now: the next refresh tries again
+                _log.warning("kvplane: could not count the SSD slots of shard %s: %s", self._shard.identity, err)
 
 
 @ray.remote(num_cpus=0, max_concurrency=8, max_restarts=-1)

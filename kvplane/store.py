@@ -1,7 +1,7 @@
 """TieredStore: the chunk-KV cache over ordered tiers, fastest first. Plain class, no Ray."""
 import copy
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import torch
 
@@ -11,7 +11,8 @@ from kvplane.entry import KVEntry
 from kvplane.keys import KEY_SEPARATOR, fingerprint_tag
 from kvplane.layer_stream import LayerStream, find_header, stream_layers
 from kvplane.level import Level, PlacementListener
-from kvplane.policy import make_policy
+from kvplane.policy import EvictionPolicy, make_policy
+from kvplane.slot_share import SlotSharePolicy
 from kvplane.stats import StoreStats
 from kvplane.tier import Tier
 from kvplane.tier_spec import TierSpec, open_tier
@@ -22,6 +23,12 @@ STALE_TEMPORARY_S = 3600.0  # a temporary file this old belongs to a write no pr
 
 def _ignore_placement(key: str, tier: str, nbytes: int) -> None:
     """Default listener: nobody is watching placements."""
+
+
+def _policy(name: str, capacity_bytes: int, tenant_share: float, capped: bool) -> EvictionPolicy:
+    """The registry's policy for a tier; a capped tier's is wrapped so that its limit can fall below capacity."""
+    policy = make_policy(name, capacity_bytes, tenant_share)
+    return SlotSharePolicy(policy, capacity_bytes) if capped else policy
 
 
 class TieredStore:
@@ -40,15 +47,19 @@ class TieredStore:
         listener: PlacementListener | None = None,
         tenant_share: float = 1.0,
         max_pending_write_bytes: int = MAX_PENDING_BYTES,
+        capped_tiers: Collection[str] = (),
     ) -> None:
         names = [policies] * len(tiers) if isinstance(policies, str) else list(policies)
         if not tiers or len(names) != len(tiers):
             raise ValueError("need at least one tier, and one policy per tier")
         if len({tier.name for tier in tiers}) != len(tiers):
             raise ValueError("tier names must be unique")
+        unknown = set(capped_tiers) - {tier.name for tier in tiers}
+        if unknown:
+            raise ValueError(f"capped_tiers names no tier of this store: {sorted(unknown)}")
         report = listener or _ignore_placement
         self._levels = [
-            Level(tier, make_policy(name, tier.capacity_bytes, tenant_share), report)
+            Level(tier, _policy(name, tier.capacity_bytes, tenant_share, tier.name in capped_tiers), report)
             for name, tier in zip(names, tiers)
         ]
         self._write_back_errors = 0
@@ -64,10 +75,12 @@ class TieredStore:
         write_back_threads: int = 1,
         listener: PlacementListener | None = None,
         tenant_share: float = 1.0,
+        capped_tiers: Collection[str] = (),
     ) -> "TieredStore":
         """A store over the tiers the specs describe, each with its spec's policy."""
         tiers = [open_tier(spec) for spec in specs]
-        return cls(tiers, [spec.policy for spec in specs], write_back_threads, listener, tenant_share)
+        policies = [spec.policy for spec in specs]
+        return cls(tiers, policies, write_back_threads, listener, tenant_share, capped_tiers=capped_tiers)
 
     @property
     def tier_names(self) -> list[str]:
@@ -163,6 +176,18 @@ class TieredStore:
             if note is not None:
                 with level.lock:
                     note(key, impact)
+
+    def cap_tier(self, tier: str, limit_bytes: int) -> int:
+        """Hold at most `limit_bytes` in `tier` (one of capped_tiers) from now on; returns how many entries went."""
+        index = next((index for index, level in enumerate(self._levels) if level.name == tier), None)
+        level = None if index is None else self._levels[index]
+        if level is None or not isinstance(level.policy, SlotSharePolicy):
+            raise ValueError(f"tier {tier!r} is not one of this store's capped_tiers")
+        with level.lock:
+            victims = level.policy.set_limit(limit_bytes)
+        for victim in victims:  # removed as any eviction is: moved down if a tier is below, dropped here
+            self._evict(index, victim)
+        return len(victims)
 
     def locate(self, key: str) -> str | None:
         """Name of the fastest tier holding `key`, or None."""
