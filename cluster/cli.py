@@ -27,6 +27,29 @@ def prepare_model(
     typer.echo(str(PREPARERS[model](cache_dir)))
 
 
+@app.command("fetch-model")
+def fetch_model_command(
+    source: str = typer.Argument(..., metavar="SOURCE", help="s3://bucket/prefix, file:///dir or a dir."),
+    dest: Path = typer.Argument(..., metavar="DEST", help="The local copy (what it held is replaced)."),
+    endpoint_url: str = typer.Option(None, help="An S3-compatible endpoint, e.g. http://minio:9000 (default: AWS)."),
+    region: str = typer.Option(None, help="The bucket's S3 region (default: AWS_REGION or botocore's)."),
+) -> None:
+    """Copy a checkpoint directory (config.json, weights, tokenizer) into DEST unless it already holds it; prints DEST.
+
+    S3 credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...). The Helm chart runs
+    this in an init container before Ray starts.
+    """
+    from workers.model_fetch import FetchError, fetch_model
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        result = fetch_model(source, dest, endpoint_url, region)
+    except FetchError as error:
+        typer.echo(f"fetch-model: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(str(result.dest))
+
+
 @app.command("serve")
 def serve_command(
     config: Path = typer.Option(None, exists=True, dir_okay=False, help="A YAML configuration (default: none)."),
