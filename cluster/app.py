@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
-from ray.serve import Application
+from ray.serve import Application, Deployment
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
@@ -20,6 +20,7 @@ from cluster.cluster_view import RayClusterView, ServeWorkers
 from cluster.config import ServeConfig, config_from_dict, config_to_dict
 from cluster.edge import Edge
 from cluster.gateway import Gateway
+from cluster.hot_settings import admission_of, ingress_user_config, ttft_window_of, worker_user_config
 from cluster.pinned_router import PinnedRequestRouter
 from cluster.request_models import ApiError, ChatCompletionRequest, CompletionRequest
 from cluster.response_writer import stream_error
@@ -52,6 +53,10 @@ class Ingress:
         model, tokenizer = load_model_card(serve_config.model.path or prepare_default_model())
         self.edge = Edge.from_config(serve_config)
         self.gateway = Gateway(serve_config, model, tokenizer, ServeWorkers(workers), RayClusterView())
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's hook for the hot settings (cluster.hot_settings): admission's limits, on this running replica."""
+        self.gateway.set_admission(admission_of(user_config))
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
@@ -134,6 +139,12 @@ class WorkerDeployment:
         self._worker, self._heartbeat = start_worker(serve_config, worker_id)
         self._slots = asyncio.Semaphore(self._worker.engine.max_concurrent_jobs)
 
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's hook for the hot settings (cluster.hot_settings): the TTFT window follows the policy's look-back."""
+        window_s = ttft_window_of(user_config)
+        if window_s != self._ttfts.window_s:
+            self._ttfts = TtftWindow(window_s)
+
     async def stream(self, job: Job, worker_id: str | None = None) -> AsyncIterator[Event]:
         async with self._slots:
             async for event in _in_thread(self._worker.run(job)):
@@ -180,16 +191,19 @@ async def _in_thread(items: Iterator[T]) -> AsyncIterator[T]:
 
 
 def worker_options(config: ServeConfig) -> dict[str, Any]:
-    """Replicas (or autoscaling), resources and concurrency of the worker deployment."""
+    """Replicas (or autoscaling), resources, concurrency and hot settings of the worker deployment."""
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": config.workers.num_cpus, "num_gpus": config.workers.num_gpus},
         # Admission bounds each worker's queue; Serve must not hold back what admission let through.
         "max_ongoing_requests": config.admission.max_queued_per_worker + 1,
+        "user_config": worker_user_config(config),
     }
     if config.autoscaling is None:
         options["num_replicas"] = config.workers.num_replicas
     else:
-        # Start from the configured count (within the policy's bounds, as the configuration checks).
+        # Start from the configured count (within the policy's bounds, as the configuration checks). Only here,
+        # where each `serve.run` deploys anew: a deploy config that kept initial_replicas would reset the count to
+        # it on every change (Ray 2.60 AutoscalingState.register), so the chart's overrides leave it out.
         options["autoscaling_config"] = {
             **serve_autoscaling_config(config.autoscaling),
             "initial_replicas": config.workers.num_replicas,
@@ -197,11 +211,25 @@ def worker_options(config: ServeConfig) -> dict[str, Any]:
     return options
 
 
+def ingress_options(config: ServeConfig) -> dict[str, Any]:
+    """Replicas, concurrency and hot settings of the ingress deployment."""
+    return {
+        # One ingress: its admission counters see every request, and /metrics through any Serve proxy is its own.
+        "num_replicas": 1,
+        # Health checks and 429s must get through while streams run: Serve's default of 5 would queue them.
+        "max_ongoing_requests": config.server.max_ongoing_requests,
+        "user_config": ingress_user_config(config),
+    }
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """The application `serve run cluster.app:build_app` or a RayService `import_path` loads."""
-    config = config_from_dict(args)
+    return assemble(config_from_dict(args), WorkerDeployment)
+
+
+def assemble(config: ServeConfig, workers: Deployment) -> Application:
+    """The ingress in front of `workers` (the worker deployment, or a deployment of the same name and surface)."""
     plain = config_to_dict(config)
     check_exposure(config.server, KeyRing(load_api_keys(config.server)))
-    workers = WorkerDeployment.options(**worker_options(config)).bind(plain)
-    # Health checks and 429s must get through while streams run: Serve's default of 5 would queue them.
-    return Ingress.options(max_ongoing_requests=config.server.max_ongoing_requests).bind(workers, plain)
+    bound = workers.options(**worker_options(config)).bind(plain)
+    return Ingress.options(**ingress_options(config)).bind(bound, plain)

@@ -27,7 +27,7 @@ from cluster.request_models import (
 from cluster.response_models import ChatCompletion, Completion, DocumentsResponse, ModelCard, ModelList, StoredDocument
 from cluster.response_writer import ResponseFrame, collect, sse
 from kvplane.shard import SHARD_NAME_PREFIX
-from scheduler.admission import Admission, Rejected
+from scheduler.admission import Admission, AdmissionConfig, Rejected
 from scheduler.membership import Member
 from scheduler.placement import worker_locations
 from scheduler.router import Router, RouteReason
@@ -78,6 +78,11 @@ class Gateway:
         self.created = int(time.time())
         # One thread: parsing and tokenizing leave the event loop, and the tokenizer is never used concurrently.
         self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blendserve-parse")
+
+    def set_admission(self, admission: AdmissionConfig) -> None:
+        """Admission's new limits, from the next request on (a hot update); admitted requests keep their slots."""
+        self.config = replace(self.config, admission=admission)
+        self.admission.reconfigure(admission)
 
     async def complete(
         self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, tenant: str

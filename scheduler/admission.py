@@ -52,6 +52,10 @@ class Admission:
         self._queued: dict[str, int] = {}
         self._service: dict[str, ServiceTimeEstimate] = {}
 
+    def reconfigure(self, config: AdmissionConfig) -> None:
+        """New bounds and retry hints from the next request on; admitted requests keep their slots."""
+        self._config = config
+
     def try_admit(self, worker_id: str) -> Admitted | Rejected:
         """Take a slot on `worker_id`, or say how long until one is likely free."""
         queued = self._queued.get(worker_id, 0)

@@ -1,14 +1,14 @@
 """`desired_replicas` as Ray Serve's custom autoscaling policy, and the TTFT window worker replicas report to it."""
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kvplane.checks import check_count, check_non_negative, check_positive
 from scheduler.autoscaling import AutoscalingPolicy, desired_replicas
 
 if TYPE_CHECKING:
-    from ray.serve.config import AutoscalingContext
+    from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
 # The custom metric each worker replica reports through Serve's `record_autoscaling_stats` hook.
 TTFT_P95_METRIC = "ttft_p95_s"
@@ -55,9 +55,12 @@ class ServeAutoscalingPolicy:
 
     def __init__(self, **policy: Any) -> None:
         self.policy = AutoscalingPolicy(**policy)
+        self._serve_config: Any = None
+        self._effective = self.policy
 
     def __call__(self, ctx: "AutoscalingContext") -> tuple[int, dict[str, Any]]:
         """Replicas wanted now, from Serve's ongoing requests (the admitted queue) and the replicas' TTFT p95."""
+        policy = self._under(ctx.config)
         reported = (ctx.aggregated_metrics or {}).get(TTFT_P95_METRIC, {})
         running = set(ctx.running_replicas)
         p95s = [value for replica, value in reported.items() if replica in running]
@@ -65,4 +68,24 @@ class ServeAutoscalingPolicy:
         ttft_p95_s = max(p95s) if p95s else None
         # Serve averages the queue over the look-back window; a fraction of a request still occupies a slot.
         num_queued = math.ceil(max(0.0, ctx.total_num_requests))
-        return desired_replicas(ctx.current_num_replicas, num_queued, ttft_p95_s, self.policy), {}
+        return desired_replicas(ctx.current_num_replicas, num_queued, ttft_p95_s, policy), {}
+
+    def _under(self, config: "AutoscalingConfig | None") -> AutoscalingPolicy:
+        """The policy with the bounds, target, delays and window Serve's `autoscaling_config` carries taken from it."""
+        # Serve applies those itself, and a deploy config changes them without a restart (a lightweight update);
+        # the kwargs are part of the app's code version in Ray 2.60 (deploy_utils.get_app_code_version).
+        if config is None:
+            return self.policy
+        if config is not self._serve_config:
+            self._serve_config = config
+            self._effective = replace(
+                self.policy,
+                min_replicas=config.min_replicas,
+                max_replicas=config.max_replicas,
+                target_queue_per_replica=config.target_ongoing_requests,
+                upscale_delay_s=config.upscale_delay_s,
+                downscale_delay_s=config.downscale_delay_s,
+                look_back_period_s=config.look_back_period_s,
+                metrics_interval_s=config.metrics_interval_s,
+            )
+        return self._effective

@@ -34,6 +34,12 @@ GPU_GROUP = {"name": "gpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 4, "
         ({"upgradeStrategy": {"type": "Rolling"}}, "/upgradeStrategy/type"),
         ({"image": {"repository": "blendserve", "tag": "1", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         ({"service": {"port": 70000}}, "/service/port"),
+        ({"probes": {"readiness": {"periodSeconds": 5}}}, "'probes' not allowed"),  # KubeRay's probes are kept
+        ({"podSecurityContext": {"runAsUser": "1000"}}, "/podSecurityContext/runAsUser"),
+        ({"model": {"provision": "download"}}, "/model/provision"),
+        ({"workerGroups": [{**GPU_GROUP, "gpuMemory": "80GB"}]}, "/workerGroups/0/gpuMemory"),
+        ({"workerGroups": [{**GPU_GROUP, "topologySpreadConstraints": [{"maxSkew": 1}]}]},
+         "/workerGroups/0/topologySpreadConstraints/0"),  # topologyKey and whenUnsatisfiable missing
     ],
 )
 def test_the_schema_refuses_bad_values(values: dict, words: str):
@@ -46,7 +52,8 @@ def test_the_schema_refuses_bad_values(values: dict, words: str):
 @pytest.mark.parametrize(
     ("values", "words"),
     [
-        ({"autoscaling": {"enabled": True, "policy": {"max_replicas": 9}}}, "fewer than autoscaling.policy.max_replicas"),
+        ({"autoscaling": {"enabled": True, "policy": {"max_replicas": 9}}},
+         "fewer than autoscaling.policy.max_replicas"),
         ({"replica": {"numCpus": 1, "numGpus": 1, "count": 5}}, "replica.count"),
         ({"workerGroups": [{**GPU_GROUP, "gpus": 0}]}, "gpus is 0 but replica.numGpus is 1"),
         ({"kvCache": {"object": {"enabled": True}}}, "kvCache.object.url"),
@@ -54,6 +61,28 @@ def test_the_schema_refuses_bad_values(values: dict, words: str):
          "accessKeyId is required"),
         ({"apiKeys": {"metricsRequireKey": True}, "metrics": {"serviceMonitor": {"enabled": True}}},
          "bearerTokenSecret.name is required"),
+        # Keys the chart sets itself would render twice in rayStartParams.
+        ({"head": {"rayStartParams": {"num-cpus": "4"}}}, r"head.rayStartParams.num-cpus is set by the chart"),
+        ({"head": {"rayStartParams": {"dashboard-host": "127.0.0.1"}}}, "head.rayStartParams.dashboard-host"),
+        ({"head": {"rayStartParams": {"metrics-export-port": "9090"}}}, "use metrics.rayMetricsPort instead"),
+        ({"head": {"rayStartParams": {"redis-password": "x"}}}, "use head.gcsFaultTolerance instead"),
+        ({"workerGroups": [{**GPU_GROUP, "rayStartParams": {"num-gpus": "2"}}]},
+         r"workerGroups\[gpu\].rayStartParams.num-gpus is set by the chart: use workerGroups\[\].gpus instead"),
+        ({"workerGroups": [{**GPU_GROUP, "rayStartParams": {"num-cpus": "2"}}]}, r"use workerGroups\[\].cpus instead"),
+        ({"workerGroups": [{**GPU_GROUP, "minReplicas": 3, "maxReplicas": 2}]},
+         r"workerGroups\[gpu\]: minReplicas \(3\) is greater than maxReplicas \(2\)"),
+        ({"workerGroups": [{**GPU_GROUP, "replicas": 5}]},
+         r"workerGroups\[gpu\]: replicas \(5\) must lie within \[1, 4\]"),
+        ({"head": {"gcsFaultTolerance": {"enabled": True}}}, "head.gcsFaultTolerance.redisAddress is required"),
+        ({"model": {"provision": "fetch"}}, "model.fetch.url"),
+        ({"model": {"provision": "volume"}}, "model.volume.claimName"),
+        ({"model": {"provision": "fetch", "fetch": {"url": "s3://m/llama"}}, "config": {"model": {"path": "/m"}}},
+         "config.model.path is set by model.provision"),
+        # vLLM claims gpu_memory_utilization of the whole GPU at start-up; the device tier comes on top of it.
+        ({"config": {"engine": {"vllm": {"gpu_memory_utilization": 0.9}}}, "kvCache": {"device": {"capacity": "16Gi"}}},
+         r"workerGroups\[gpu\]: .*needs 88.0Gi of GPU memory, more than gpuMemory \(80Gi\)"),
+        ({"replica": {"numCpus": 1, "numGpus": 0.5, "count": 1},
+          "config": {"engine": {"vllm": {"gpu_memory_utilization": 0.46}}}}, r"x 2 replicas per GPU"),
     ],
 )
 def test_the_chart_refuses_values_it_cannot_serve(values: dict, words: str):

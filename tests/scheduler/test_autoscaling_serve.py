@@ -51,6 +51,7 @@ def _context(current: int, total_requests: float, ttfts: dict[str, float]) -> Si
         total_num_requests=total_requests,
         running_replicas=list(ttfts),
         aggregated_metrics={TTFT_P95_METRIC: ttfts} if ttfts else {},
+        config=None,
     )
 
 

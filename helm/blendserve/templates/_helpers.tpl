@@ -85,9 +85,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- toJson $tiers -}}
 {{- end -}}
 
-{{/* blendserve's configuration (the app's args): the user's `config`, then what the chart decides. */}}
+{{/* blendserve's configuration (the app's args): the user's `config`, then what the chart decides. The args are
+the app's code: Ray 2.60 rebuilds it and restarts every replica when they change (deploy_utils.py
+get_app_code_version), so what may change on running replicas (admission, replica counts, autoscaling) goes in
+the deployments' overrides (blendserve.deployments) instead. */}}
 {{- define "blendserve.appConfig" -}}
 {{- $config := deepCopy .Values.config -}}
+{{- $_ := unset $config "admission" -}}
+{{- with include "blendserve.modelPath" . -}}
+{{- $_ := set $config "model" (set (deepCopy (get $config "model" | default dict)) "path" .) -}}
+{{- end -}}
 {{- $server := merge (dict "host" "0.0.0.0" "port" 8000) (deepCopy (get $config "server" | default dict)) -}}
 {{- if .Values.apiKeys.enabled -}}
 {{- $_ := set $server "api_keys_file" (printf "%s/%s" (include "blendserve.apiKeysDir" .) .Values.apiKeys.secretKey) -}}
@@ -98,11 +105,45 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $_ := set $config "server" $server -}}
 {{- $_ := set $config "data_dir" (include "blendserve.dataDir" .) -}}
 {{- $_ := set $config "tiers" (include "blendserve.tiers" . | fromJsonArray) -}}
-{{- $_ := set $config "workers" (dict "num_replicas" (int .Values.replica.count) "num_cpus" .Values.replica.numCpus "num_gpus" .Values.replica.numGpus) -}}
-{{- if .Values.autoscaling.enabled -}}
-{{- $_ := set $config "autoscaling" .Values.autoscaling.policy -}}
-{{- end -}}
+{{- $_ := set $config "workers" (dict "num_cpus" .Values.replica.numCpus "num_gpus" .Values.replica.numGpus) -}}
 {{- toJson $config -}}
+{{- end -}}
+
+{{/* Per-deployment overrides (cluster/hot_settings.py): Ray applies them to the running replicas, a lightweight
+update (reconfigure, never a restart) as long as the code version stays. Only the autoscaling policy's own kwargs
+(the knobs Serve's autoscaling_config has no field for) count in that version. */}}
+{{- define "blendserve.deployments" -}}
+{{- $admission := get .Values.config "admission" | default dict -}}
+{{- $workers := dict "name" "WorkerDeployment" -}}
+{{- with $admission.max_queued_per_worker -}}
+{{- /* Serve must never hold back what admission let through (cluster.app.worker_options). */ -}}
+{{- $_ := set $workers "max_ongoing_requests" (add1 (int .)) -}}
+{{- end -}}
+{{- if .Values.autoscaling.enabled -}}
+{{- $policy := .Values.autoscaling.policy -}}
+{{- /* Ray only warns here; the policy (scheduler.autoscaling.AutoscalingPolicy) refuses it on every tick. */ -}}
+{{- if ge (float64 ($policy.metrics_interval_s | default 10.0)) (float64 ($policy.look_back_period_s | default 30.0)) -}}
+{{- fail (printf "autoscaling.policy.metrics_interval_s (%v) must be less than look_back_period_s (%v): Serve averages over more than one report" ($policy.metrics_interval_s | default 10.0) ($policy.look_back_period_s | default 30.0)) -}}
+{{- end -}}
+{{- $serveKeys := dict "min_replicas" "min_replicas" "max_replicas" "max_replicas" "target_queue_per_replica" "target_ongoing_requests" "upscale_delay_s" "upscale_delay_s" "downscale_delay_s" "downscale_delay_s" "look_back_period_s" "look_back_period_s" "metrics_interval_s" "metrics_interval_s" -}}
+{{- $autoscaling := dict -}}
+{{- $kwargs := dict -}}
+{{- range $key, $value := .Values.autoscaling.policy -}}
+{{- if hasKey $serveKeys $key -}}
+{{- $_ := set $autoscaling (get $serveKeys $key) $value -}}
+{{- else -}}
+{{- $_ := set $kwargs $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- /* No initial_replicas: Ray 2.60 AutoscalingState.register resets the target to it on every config change. */ -}}
+{{- $_ := set $autoscaling "policy" (dict "policy_function" "scheduler.serve_policy:ServeAutoscalingPolicy" "policy_kwargs" $kwargs) -}}
+{{- $_ := set $workers "num_replicas" nil -}}
+{{- $_ := set $workers "autoscaling_config" $autoscaling -}}
+{{- $_ := set $workers "user_config" (dict "ttft_window_s" .Values.autoscaling.policy.look_back_period_s) -}}
+{{- else -}}
+{{- $_ := set $workers "num_replicas" (int .Values.replica.count) -}}
+{{- end -}}
+{{- toJson (list (dict "name" "Ingress" "user_config" (dict "admission" $admission)) $workers) -}}
 {{- end -}}
 
 {{/* Ray Serve's declarative config (what `serve deploy` takes), KubeRay's serveConfigV2. */}}
@@ -117,23 +158,16 @@ applications:
     route_prefix: /
     args:
       {{- include "blendserve.appConfig" . | fromJson | toYaml | nindent 6 }}
+    deployments:
+      {{- include "blendserve.deployments" . | fromJsonArray | toYaml | nindent 6 }}
 {{- end -}}
 
-{{/* Environment of every Ray container: object-store credentials from their Secret, never inline. */}}
+{{/* Environment of every Ray container: the node's name, object-store credentials from their Secret, never inline. */}}
 {{- define "blendserve.env" -}}
-{{- $secret := include "blendserve.objectStoreSecret" . -}}
+{{ include "blendserve.nodeNameEnv" . }}
 {{- $object := .Values.kvCache.object -}}
-{{- if and $object.enabled $secret }}
-- name: AWS_ACCESS_KEY_ID
-  valueFrom:
-    secretKeyRef:
-      name: {{ $secret }}
-      key: {{ $object.credentials.accessKeyIdKey }}
-- name: AWS_SECRET_ACCESS_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ $secret }}
-      key: {{ $object.credentials.secretAccessKeyKey }}
+{{- if $object.enabled }}
+{{- include "blendserve.s3CredentialsEnv" (dict "secret" (include "blendserve.objectStoreSecret" .) "credentials" $object.credentials) }}
 {{- end }}
 {{- if and $object.enabled $object.region }}
 - name: AWS_DEFAULT_REGION
@@ -145,6 +179,7 @@ applications:
 {{- define "blendserve.volumeMounts" -}}
 - name: data
   mountPath: {{ include "blendserve.dataDir" . }}
+{{- include "blendserve.modelMount" . }}
 {{- if .Values.apiKeys.enabled }}
 - name: api-keys
   mountPath: {{ include "blendserve.apiKeysDir" . }}
@@ -165,23 +200,19 @@ applications:
       - key: {{ .Values.apiKeys.secretKey }}
         path: {{ .Values.apiKeys.secretKey }}
 {{- end }}
+{{- include "blendserve.modelVolume" . }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
 
-{{/* The probes on blendserve's own routes, through the Serve proxy. */}}
-{{- define "blendserve.readinessProbe" -}}
-readinessProbe:
-  httpGet:
-    path: /readyz
-    port: serve
-  periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
-  timeoutSeconds: {{ .Values.probes.readiness.timeoutSeconds }}
-  failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
-{{- end -}}
-
+{{/* What the head's and every worker's pod spec share: identity, pull secrets, security, the model's fetch. */}}
 {{- define "blendserve.podSpecCommon" -}}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- include "blendserve.initContainers" . }}
 {{- with .Values.serviceAccountName }}
 serviceAccountName: {{ . }}
 {{- end }}
