@@ -25,10 +25,12 @@ def create_bucket(endpoint_url: str, bucket: str) -> None:
 
 
 class LocalS3:
-    """`with LocalS3() as endpoint_url:` runs `moto_server -H 127.0.0.1 -p PORT` for the block's duration."""
+    """`with LocalS3() as endpoint_url:` runs `moto_server -H HOST -p PORT` for the block's duration."""
 
-    def __init__(self, startup_timeout_s: float = 30.0, port: int | None = None) -> None:
+    # `host` is loopback unless a test's own network namespaces must reach it (their node's bridge address).
+    def __init__(self, startup_timeout_s: float = 30.0, port: int | None = None, host: str = "127.0.0.1") -> None:
         self._startup_timeout_s = startup_timeout_s
+        self.host = host
         self._process: subprocess.Popen[bytes] | None = None
         self.port = port  # a given port lets a test bring an endpoint back where clients expect it
 
@@ -40,17 +42,17 @@ class LocalS3:
     def __enter__(self) -> str:
         port = self.port = self.port or _free_port()
         self._process = subprocess.Popen(
-            [_moto_server(), "-H", "127.0.0.1", "-p", str(port)],
+            [_moto_server(), "-H", self.host, "-p", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + self._startup_timeout_s
-        while not _accepts(port):
+        while not _accepts(self.host, port):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self.__exit__()
                 raise RuntimeError(f"moto_server did not start on port {port}")
             time.sleep(0.05)
-        return f"http://127.0.0.1:{port}"
+        return f"http://{self.host}:{port}"
 
     def __exit__(self, *_exc: object) -> None:
         if self._process is not None:
@@ -77,6 +79,6 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _accepts(port: int) -> bool:
+def _accepts(host: str, port: int) -> bool:
     with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        return probe.connect_ex((host, port)) == 0

@@ -60,7 +60,7 @@ def fetch_model(source: str, dest: Path, endpoint_url: str | None = None, region
     start_s = time.monotonic()
     marker = {"source": canonical, "sizes": sizes}
     try:
-        if os.path.ismount(dest):
+        if is_mount_point(dest):
             _fill_mount_point(fs, root, sizes, dest, marker)
         else:
             _replace_directory(fs, root, sizes, dest, marker)
@@ -69,6 +69,18 @@ def fetch_model(source: str, dest: Path, endpoint_url: str | None = None, region
     _log.info("fetched %d files (%.1f MiB) from %s into %s in %.1f s", len(sizes), sum(sizes.values()) / 2**20,
               canonical, dest, time.monotonic() - start_s)
     return FetchResult(dest, canonical, sizes, skipped=False)
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether `path` is mounted on, bind mounts included (which `os.path.ismount` misses on the same device)."""
+    if os.path.ismount(path):
+        return True
+    mountinfo = Path("/proc/self/mountinfo")
+    if not mountinfo.exists():
+        return False
+    # Field 5 is the mount point, with spaces and other special characters written as octal escapes.
+    points = {line.split()[4].encode().decode("unicode_escape") for line in mountinfo.read_text().splitlines()}
+    return str(path) in points
 
 
 def source_filesystem(source: str, endpoint_url: str | None, region: str | None) -> tuple[AbstractFileSystem, str]:

@@ -1,5 +1,4 @@
 """A real Ray Serve deployment of the app on loopback: two worker replicas, the default model, temp data dir."""
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -8,6 +7,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.local_ray import free_port, local_serve
 
 SERVE_CONFIG = {
     "workers": {"num_replicas": 2, "num_cpus": 1},
@@ -18,12 +19,6 @@ SERVE_CONFIG = {
     "server": {"trust_tenant_header": True},  # tenants by X-Tenant, as a trusted proxy in front would set it
 }
 READY_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_ready(base_url: str, num_workers: int, headers: dict[str, str] | None = None) -> None:
@@ -43,28 +38,17 @@ def _wait_ready(base_url: str, num_workers: int, headers: dict[str, str] | None 
 def running_app(root: Path, config: dict[str, Any], headers: dict[str, str] | None = None) -> Iterator[str]:
     """Ray, Serve and the app under `root` with `config`; yields the base URL once every worker is ready."""
     # `headers` go with the readiness probe (an API key when the app requires one for /metrics).
-    import ray
     from ray import serve
-    from ray._private import ray_constants
 
     from cluster.app import build_app
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
-        patch.setenv("TMPDIR", str(root))
-        ray.init(num_cpus=4, include_dashboard=False, _temp_dir=str(root / "ray"), object_store_memory=200 << 20)
-        try:
-            port = _free_port()
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(build_app({**config, "data_dir": str(root / "data")}), name="blendserve",
-                      route_prefix="/", blocking=False)
-            base_url = f"http://127.0.0.1:{port}"
-            _wait_ready(base_url, config["workers"]["num_replicas"], headers)
-            yield base_url
-        finally:
-            serve.shutdown()
-            ray.shutdown()
+    port = free_port()
+    with local_serve(root, num_cpus=4, object_store_bytes=200 << 20, http_port=port):
+        serve.run(build_app({**config, "data_dir": str(root / "data")}), name="blendserve",
+                  route_prefix="/", blocking=False)
+        base_url = f"http://127.0.0.1:{port}"
+        _wait_ready(base_url, config["workers"]["num_replicas"], headers)
+        yield base_url
 
 
 @pytest.fixture(scope="module")

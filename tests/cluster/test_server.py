@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cluster.cli import app
+from tests.local_ray import free_port
 
 READY_TIMEOUT_S = 240
 DRAIN_TIMEOUT_S = 120
@@ -30,16 +30,10 @@ def test_serve_refuses_an_open_api_on_a_reachable_address(tmp_path: Path) -> Non
     assert "allow_unauthenticated: true" in said
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_sigterm_drains_a_running_stream_and_exits_cleanly(tmp_path_factory: pytest.TempPathFactory) -> None:
     root = tmp_path_factory.mktemp("sg")
-    port = _free_port()
+    port = free_port()
     config = root / "serve.yaml"
     config.write_text(yaml.safe_dump({
         "data_dir": str(root / "data"),

@@ -1,7 +1,6 @@
 """One rendered pod run on this machine as the kubelet would: its own network, mounts, /tmp, user and env."""
 import os
 import shlex
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -287,13 +286,3 @@ class Pod:
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
 
-
-def copy_tree(source: Path, target: Path) -> None:
-    """A folder's files at `target` (hard links where the file system allows), readable by every user."""
-    try:
-        shutil.copytree(source, target, copy_function=os.link)
-    except OSError:
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(source, target)
-    for path in [target, *target.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)

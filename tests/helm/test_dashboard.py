@@ -13,7 +13,8 @@ def test_the_dashboard_configmap_is_labelled_for_the_grafana_sidecar():
 
 def test_every_panel_queries_blendserve_metrics_through_the_datasource_variable():
     board = dashboard(manifests())
-    assert board["templating"]["list"][0] == {**board["templating"]["list"][0], "name": "datasource", "type": "datasource"}
+    variable = board["templating"]["list"][0]
+    assert variable == {**variable, "name": "datasource", "type": "datasource"}
     for panel in board["panels"]:
         if panel["type"] == "row":
             continue

@@ -16,18 +16,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import httpx
 import pytest
 import yaml
 
+from kvplane.local_s3 import LocalS3, create_bucket, s3_storage_options
 from tests.helm.kuberay_replay import RayServiceReplay, replica_ids
 from tests.helm.pod_network import PodNetwork
-from tests.helm.pod_sandbox import Image, Pod, copy_tree
+from tests.helm.pod_sandbox import Image, Pod
 from tests.helm.rendering import manifests, of_kind, one
 from workers.default_model import prepare_default_model
 
 VALUES = Path(__file__).with_name("replay_values.yaml")
-MODEL_CLAIM = "models"
+MODEL_BUCKET = "models"
 DOCUMENTS = [{"text": "The Eiffel Tower is a lattice tower in Paris, France."},
              {"text": "Mount Fuji is the highest mountain in Japan, at 3,776 metres."}]
 
@@ -108,13 +110,19 @@ def pod_root() -> Iterator[Path]:
 
 def test_the_chart_serves_when_kuberay_starts_it(pod_root: Path):
     values = yaml.safe_load(VALUES.read_text())
-    objects = manifests(values)
-    service = one(objects, "RayService")
-    claim = pod_root / "claims" / MODEL_CLAIM
-    copy_tree(prepare_default_model(), claim / "SmolLM2-135M-Instruct")
     image = Image(Path(sys.executable).parent, Path(sys.base_prefix))
-    with PodNetwork() as network:
-        replay = RayServiceReplay(service, _secrets(objects), {MODEL_CLAIM: claim}, image, pod_root, network)
+    with PodNetwork() as network, LocalS3(host=network.gateway) as endpoint_url:
+        # The checkpoint in the object store the pods' init containers fetch it from, through the node's address.
+        create_bucket(endpoint_url, MODEL_BUCKET)
+        store = fsspec.filesystem("s3", **s3_storage_options(endpoint_url))
+        store.put(f"{prepare_default_model()}/", values["model"]["fetch"]["url"], recursive=True)
+        values["model"]["fetch"]["endpointUrl"] = endpoint_url
+        objects = manifests(values)
+        service = one(objects, "RayService")
+        # What the user creates with kubectl before installing: the object store's credentials.
+        credentials = {"AWS_ACCESS_KEY_ID": b"testing", "AWS_SECRET_ACCESS_KEY": b"testing"}
+        secrets = {**_secrets(objects), values["model"]["fetch"]["credentials"]["existingSecret"]: credentials}
+        replay = RayServiceReplay(service, secrets, {}, image, pod_root, network)
         try:
             _replay(replay, values, objects, service)
         except (AssertionError, OSError) as failure:  # what the pods said goes with the failure

@@ -7,7 +7,6 @@ deploy_utils.py get_app_code_version: import path, runtime env, args, autoscalin
 the per-deployment overrides to the running replicas.
 """
 import copy
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from cluster.hot_settings import INGRESS, WORKERS
 from scheduler.autoscaling import SERVE_POLICY_PATH, AutoscalingPolicy, serve_autoscaling_config
 from tests.helm.kuberay_services import container_port, pods, serve_service
 from tests.helm.rendering import manifests, of_kind, one, render, serve_config
+from tests.local_ray import free_port, local_serve
 
 GATEWAY = {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
     "gatewayClassName": "istio", "stepSizePercent": 25, "intervalSeconds": 60}}
@@ -186,29 +186,11 @@ TIMEOUT_S = 120.0
 @pytest.fixture(scope="module")
 def serve_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Ray and Serve on loopback; the controller's client, as the dashboard's PUT handler uses it."""
-    import ray
-    from ray import serve
-    from ray._private import ray_constants
     from ray.serve.context import _get_global_client
 
-    root: Path = tmp_path_factory.mktemp("upgrades")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
-        patch.setenv("TMPDIR", str(root))
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(root / "ray"), object_store_memory=100 << 20)
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
-            yield _get_global_client()
-        finally:
-            serve.shutdown()
-            ray.shutdown()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    with local_serve(tmp_path_factory.mktemp("upgrades"), num_cpus=2, object_store_bytes=100 << 20,
+                     http_port=free_port()):
+        yield _get_global_client()
 
 
 def _deploy(client: Any, values: dict[str, Any], data_dir: Path) -> None:

@@ -2,7 +2,6 @@
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +9,7 @@ from ray.serve.config import AutoscalingConfig
 
 from scheduler.autoscaling import AutoscalingPolicy, serve_autoscaling_config
 from scheduler.serve_policy import TTFT_P95_METRIC, ServeAutoscalingPolicy, TtftWindow
+from tests.local_ray import free_port, local_serve
 
 # Fast enough to watch in a test: Serve's own control loop runs every 0.1 s.
 POLICY = AutoscalingPolicy(
@@ -80,24 +80,11 @@ def test_serve_builds_the_policy_from_the_config():
 @pytest.fixture(scope="module")
 def serve_instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Ray and Serve on loopback, with handles pushing their queue as often as the replicas push theirs."""
-    import ray
-    from ray import serve
-    from ray._private import ray_constants
-
-    root: Path = tmp_path_factory.mktemp("autoscale")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
-        patch.setenv("TMPDIR", str(root))
-        # The queue Serve counts at the caller's handle is pushed on its own clock (Ray's setting; 10 s by default).
-        patch.setenv("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", str(POLICY.metrics_interval_s))
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(root / "ray"), object_store_memory=100 << 20)
-        try:
-            serve.start()
-            yield
-        finally:
-            serve.shutdown()
-            ray.shutdown()
+    # The queue Serve counts at the caller's handle is pushed on its own clock (Ray's setting; 10 s by default).
+    push = {"RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": str(POLICY.metrics_interval_s)}
+    with local_serve(tmp_path_factory.mktemp("autoscale"), num_cpus=2, object_store_bytes=100 << 20,
+                     http_port=free_port(), env=push):
+        yield
 
 
 def _running_replicas(app: str, deployment: str) -> int:

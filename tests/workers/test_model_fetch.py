@@ -1,7 +1,10 @@
 """`blendserve fetch-model`: a checkpoint directory copied from S3 (a real moto server) or a folder, once."""
 import json
 import os
+import shlex
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -181,3 +184,18 @@ def test_a_failed_copy_leaves_no_marker_and_no_staging(tmp_path, monkeypatch):
     with pytest.raises(FetchError, match="connection reset"):
         fetch_model(str(source), dest)
     assert list(tmp_path.iterdir()) == [tmp_path / "checkpoint"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_a_bind_mount_on_the_same_device_counts_as_a_mount_point(tmp_path):
+    # A volume the kubelet bind-mounts may share its device with the parent folder: os.path.ismount misses it.
+    volume, dest = tmp_path / "volume", tmp_path / "models" / "checkpoint"
+    volume.mkdir()
+    dest.mkdir(parents=True)
+    check = ("from pathlib import Path; from workers.model_fetch import is_mount_point; "
+             f"print(is_mount_point(Path({str(dest)!r})))")
+    script = f"mount --bind {volume} {dest} && {sys.executable} -c {shlex.quote(check)}"
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=60)
+    assert done.stdout.split() == ["True"], done.stderr
+    assert not model_fetch.is_mount_point(dest)  # not mounted out here
