@@ -1,7 +1,7 @@
 """Affinity's load penalty and the cache capacity against power-of-two choices at N nodes, in the simulator.
 
-python bench/affinity_sweep.py --measured docs/results/serve_multinode.json \
-    --workload /tmp/2wiki_k5_q1_proj.jsonl --nodes 3 --num-requests 300 --out docs/results/affinity_sweep.json
+python bench/affinity_sweep.py --measured docs/results/multinode/serve_multinode.json \
+    --workload /tmp/2wiki_k5_q1_proj.jsonl --nodes 3 --num-requests 300 --out docs/results/multinode/affinity_sweep.json
 The service model is fitted to the measured runs (as bench/serve_simulate.py does); arrivals are Poisson at the
 measured per-node rate. Each row: a capacity factor, a policy (and affinity's penalty), its device + local-shard
 hit rate, the ratio of that to power-of-two's at the same capacity, and p50/p95 TTFT.

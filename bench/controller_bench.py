@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--jitter-sigma", type=float, default=0.6)
     parser.add_argument("--jitter-spike-probability", type=float, default=0.01)
     parser.add_argument("--jitter-spike-ms", type=float, default=250.0)
-    parser.add_argument("--out", type=Path, default=Path("docs/results/controller.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/controller/controller.json"))
     parser.add_argument("--plot", type=Path, default=Path("docs/controller_ttft.png"))
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="compute dtype (auto: by the CPU)")
     args = parser.parse_args()

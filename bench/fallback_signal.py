@@ -1,4 +1,4 @@
-"""Does cacheblend's fallback signal tell which requests blend badly? (issue 20)
+"""Does cacheblend's fallback signal tell which requests blend badly? (docs/studies/fallback_signal.md)
 
 The signal (`FusionOptions.fallback_min_coverage` acts on it) is the share of the check layer's KV deviation
 that the tokens kept at the request's ratio hold. Per record: chunk KV stored, cacheblend fused at --ratio (not

@@ -13,16 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from frontier_plot import plot_result  # bench/ is the script's folder, first on sys.path
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from workers.dtype import measured_on  # noqa: E402
-from workers.evaluation.arguments import add_record_arguments  # noqa: E402
-from workers.evaluation.dataset import load_records  # noqa: E402
-from workers.evaluation.engines import load_eval_engine  # noqa: E402
-from workers.evaluation.evaluate import (  # noqa: E402
+from workers.dtype import measured_on
+from workers.evaluation.arguments import add_record_arguments
+from workers.evaluation.dataset import load_records
+from workers.evaluation.engines import load_eval_engine
+from workers.evaluation.evaluate import (
     REFERENCE_MODE,
     EvalRun,
     evaluate,
@@ -30,14 +27,15 @@ from workers.evaluation.evaluate import (  # noqa: E402
     score_row,
     summarise,
 )
-from workers.fusion.base import FusionMode, FusionOptions  # noqa: E402
-from workers.fusion.cachecraft import CacheCraft  # noqa: E402
-from workers.fusion.registry import make_fusion_modes  # noqa: E402
+from workers.fusion.base import FusionMode, FusionOptions
+from workers.fusion.cachecraft import CacheCraft
+from workers.fusion.registry import make_fusion_modes
 
 DEFAULT_MODES = "full_reuse,epic,cacheblend,cachecraft,query_driven"
 DEFAULT_RATIOS = "0.05,0.1,0.15,0.2,0.3,0.5"
 RATIO_FREE = {"full_reuse"}  # modes that recompute nothing whatever the ratio: run once
-# Cache-Craft's ablation (issue 19); "cachecraft" itself has both: early termination and stored impacts.
+# Cache-Craft's ablation (docs/studies/cachecraft_ablation.md); "cachecraft" itself has both mechanisms:
+# early termination and stored impacts.
 CACHECRAFT_VARIANTS: dict[str, dict[str, Any]] = {
     "cachecraft_neither": {"craft_stop_after": None, "craft_stored_impact": False},  # chunk impact at layer 1 only
     "cachecraft_stop": {"craft_stored_impact": False},  # + early termination of chunks out of the question's focus
@@ -60,32 +58,6 @@ def frontier_runs(modes: list[str], ratios: list[float]) -> list[EvalRun]:
         for ratio in ratios[:1] if mode in RATIO_FREE else ratios:
             runs.append(EvalRun(mode if mode in RATIO_FREE else f"{mode}@{ratio:g}", mode, ratio))
     return runs
-
-
-def plot(summary: dict[str, dict[str, Any]], modes: list[str], title: str, path: Path) -> None:
-    """Agreement F1 (95% interval bars) against TTFT median, one line per mode through its ratios."""
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for mode in modes:
-        rows = sorted((r for r in summary.values() if r["mode"] == mode), key=lambda r: r["ratio"])
-        if not rows:
-            continue
-        ttft = [r["ttft_s_median"] for r in rows]
-        mean = [r["agreement_f1"] for r in rows]
-        errors = [[m - r["agreement_f1_ci95"][0] for m, r in zip(mean, rows)],
-                  [r["agreement_f1_ci95"][1] - m for m, r in zip(mean, rows)]]
-        ax.errorbar(ttft, mean, yerr=errors, marker="o", capsize=3, label=mode)
-        for x, y, r in zip(ttft, mean, rows):
-            if mode not in RATIO_FREE:
-                ax.annotate(f"{r['ratio']:g}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
-    reference = summary.get(REFERENCE_MODE)
-    if reference is not None:
-        ax.axvline(reference["ttft_s_median"], color="gray", linestyle="--", label="full prefill TTFT")
-    ax.axhline(0.90, color="red", linestyle=":", label="target 0.90")
-    ax.set(xlabel="TTFT median (s)", ylabel="agreement F1 with full prefill (95% CI)", title=title, ylim=(0.0, 1.02))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -142,9 +114,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.plot is not None:
-        title = (f"{args.data.name}, {result['records']} records, {args.engine} engine, "
-                 f"{result['dtype']} ({result['hardware']})")
-        plot(summary, modes, title, args.plot)
+        plot_result(result, args.plot)
     print(
         "| run | agreement F1 [95% CI] | exact match | first-token agree | TF KL [95% CI] | TTFT median (s) "
         "| recomputed |"

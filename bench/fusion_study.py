@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--ratio", type=float, default=0.15)
-    parser.add_argument("--out", type=Path, default=Path("docs/results/fusion_study.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/chunk_context/fusion_study.json"))
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="compute dtype (auto: by the CPU)")
     args = parser.parse_args()
     model = prepare_default_model()

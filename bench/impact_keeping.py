@@ -1,4 +1,4 @@
-"""Impact-aware keeping against TinyLFU on a reuse stream (issue 19): hit rate and the compute hits still need.
+"""Impact-aware keeping against TinyLFU on a reuse stream: hit rate and the compute hits still need.
 
 Pass 1 (the model, torch engine): the workload's requests are fused with `cachecraft` in order, as one worker
 would fuse them; the chunk impacts it measures are folded into the store's running means

@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--layers", default="1,2,4,8,16,29")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/rank_correlation.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/rank_correlation/rank_correlation.json"))
     args = parser.parse_args()
     deep = [int(x) for x in args.layers.split(",")]
     result: dict = {"data": str(args.data), "check_layer": CHECK_LAYER, "by_dtype": {}}

@@ -1,10 +1,10 @@
-"""Render the frontier results under docs/results as the markdown tables quoted in docs/quality.md."""
+"""Render frontier results (bench/frontier.py --out) as markdown tables, by default those docs/quality.md quotes."""
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path("docs/results")
+FRONTIER_RESULTS = Path("docs/results/frontier")
 TARGET = 0.90
 
 
@@ -54,8 +54,9 @@ def reach_table(doc: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    """Print the tables of every frontier result given (default: docs/results/frontier_*.json)."""
-    paths = [Path(p) for p in sys.argv[1:]] or sorted(RESULTS.glob("frontier_*.json"))
+    """Print the tables of every frontier result given (default: the frontiers in docs/results/frontier/)."""
+    paths = [Path(p) for p in sys.argv[1:]] or sorted(
+        p for p in FRONTIER_RESULTS.glob("frontier_*.json") if not p.name.startswith("frontier_pairs_"))
     for path in paths:
         doc = json.loads(path.read_text())
         print(f"### {path.name}\n\n{frontier_table(doc)}\n\n{reach_table(doc)}\n")

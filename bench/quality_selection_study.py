@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--engine", choices=ENGINE_KINDS, default="torch")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--no-oracles", action="store_true", help="skip the oracle heuristics (a full prefill each)")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/selection_study.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/scout_depth/selection_study.json"))
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO)
     parser.add_argument("--variants", help="comma-separated names of the variants to run (default: all)")
     parser.add_argument("--model", type=Path, help="a checkpoint directory (default: the default model)")

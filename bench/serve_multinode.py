@@ -2,7 +2,7 @@
 routed by cache affinity, power-of-two choices and round robin: hit rate per tier, bytes between nodes, TTFT.
 
 python bench/serve_multinode.py --workload w.jsonl --nodes 3,2 --num-requests 48 --rate 0.4 \
-    --out docs/results/serve_multinode.json
+    --out docs/results/multinode/serve_multinode.json
 Each (nodes, policy) run starts a fresh cluster (empty caches) and is written to --out as soon as it ends.
 """
 import argparse

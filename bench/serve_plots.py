@@ -1,7 +1,8 @@
 """Plots of the serving benchmark for docs/benchmarks.md, from the result JSON files.
 
-python bench/serve_plots.py --replay docs/results/serve_replay.json --reuse docs/results/serve_2wiki.json \
-    --multinode docs/results/serve_multinode.json --simulation docs/results/serve_simulation.json --out-dir docs
+python bench/serve_plots.py --replay docs/results/serve/serve_replay.json --reuse docs/results/serve/serve_2wiki.json \
+    --multinode docs/results/multinode/serve_multinode.json --simulation docs/results/multinode/serve_simulation.json \
+    --out-dir docs
 """
 import argparse
 import json
@@ -15,8 +16,11 @@ from cluster.bench_metrics import throughput_at_p95
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter  # noqa: E402
 
-TIERS = ("device", "ram", "ssd", "remote", "object")
+# "shard" is what runs recorded before the shard reads were labelled by node: the node's or another's.
+TIERS = ("device", "ram", "ssd", "shard", "remote", "object")
+TIER_LABELS = {"shard": "shard (local or remote)"}
 POLICY_LABELS = {"affinity": "cache affinity", "power_of_two": "power of two", "round_robin": "round robin"}
 
 
@@ -25,12 +29,19 @@ def _label(result: dict[str, Any]) -> str:
     return f"{machine['hardware']}, {machine['dtype']}"
 
 
-def _decorate(axis: Any, xlabel: str, ylabel: str, title: str) -> None:
+def _decorate(axis: Any, xlabel: str, ylabel: str, title: str, legend_loc: str = "best") -> None:
     axis.set_xlabel(xlabel)
     axis.set_ylabel(ylabel)
     axis.set_title(title, fontsize=9)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, loc=legend_loc)
+
+
+def _plain_log_ticks(axis: Any) -> None:
+    """Ticks of a log axis at 1, 2, 5 x 10^k labelled as plain numbers, the minor ticks unlabelled."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FormatStrFormatter("%g"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _save(figure: Any, out: Path) -> None:
@@ -55,7 +66,8 @@ def ttft_cdf(results: Sequence[tuple[str, dict[str, Any]]], out: Path) -> None:
             ttfts = sorted(r["ttft_s"] for p in system["points"] for r in p["requests"] if r["ok"])
             axis.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=_system_label(name))
         axis.set_xscale("log")
-        _decorate(axis, "TTFT through HTTP (s)", "share of requests", f"{title}\n{_label(result)}")
+        _plain_log_ticks(axis.xaxis)
+        _decorate(axis, "TTFT through HTTP (s)", "share of requests", f"{title}\n{_label(result)}", "upper left")
     _save(figure, out)
 
 
@@ -69,31 +81,57 @@ def throughput_vs_p95(result: dict[str, Any], out: Path) -> None:
         for throughput, p95, rate in points:
             axis.annotate(rate, (throughput, p95), fontsize=7, textcoords="offset points", xytext=(4, 4))
     axis.set_yscale("log")
+    _plain_log_ticks(axis.yaxis)
     _decorate(axis, "throughput (requests/s)", "p95 TTFT (s)",
-              f"2wiki reuse workload, offered rate annotated\n{_label(result)}")
+              f"2wiki reuse workload, offered rate annotated\n{_label(result)}", "lower right")
     _save(figure, out)
 
 
+def _window_s(windows: list[dict[str, Any]]) -> float:
+    return windows[1]["start_s"] - windows[0]["start_s"] if len(windows) > 1 else 10.0
+
+
+def _in_turn(points: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[float, str]]]:
+    """The load points' windows on one time axis, each point after the last, and where each point starts."""
+    windows: list[dict[str, Any]] = []
+    marks: list[tuple[float, str]] = []
+    offset_s = 0.0
+    for point in points:
+        timeline = point["timeline"]
+        if not timeline:
+            continue
+        marks.append((offset_s, _load_label(point["load"])))
+        windows += [{**w, "start_s": w["start_s"] + offset_s} for w in timeline]
+        offset_s += timeline[-1]["start_s"] + _window_s(timeline)
+    return windows, marks
+
+
 def reuse_over_time(result: dict[str, Any], multinode: dict[str, Any] | None, out: Path) -> None:
-    """Share of prompt tokens reused per tier in each window of the run."""
-    panels: list[tuple[str, list[dict[str, Any]]]] = [
-        ("blendserve, 2wiki reuse workload (all load points in turn)",
-         [w for p in result["systems"]["blendserve"]["points"] for w in p["timeline"]]),
+    """Share of prompt tokens reused per tier in each time window of the run, stacked by tier."""
+    windows, marks = _in_turn(result["systems"]["blendserve"]["points"])
+    panels: list[tuple[str, list[dict[str, Any]], list[tuple[float, str]]]] = [
+        ("blendserve, 2wiki reuse workload (the load points in turn)", windows, marks),
     ]
     if multinode:
         for run in multinode["runs"]:
             if run["nodes"] == max(r["nodes"] for r in multinode["runs"]):
-                panels.append((f"{run['nodes']} nodes, {POLICY_LABELS[run['policy']]}", run["timeline"]))
+                panels.append((f"{run['nodes']} nodes, {POLICY_LABELS[run['policy']]}", run["timeline"], []))
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
-    for axis, (title, windows) in zip(axes[0], panels):
+    for axis, (title, windows, marks) in zip(axes[0], panels):
+        starts = [w["start_s"] for w in windows]
         bottoms = [0.0] * len(windows)
-        for tier in TIERS:
+        for index, tier in enumerate(TIERS):
             shares = [w.get(tier, 0) / w["prompt"] if w.get("prompt") else 0.0 for w in windows]
             if any(shares):
-                axis.bar(range(len(windows)), shares, bottom=bottoms, label=tier)
+                axis.bar(starts, shares, width=_window_s(windows) * 0.9, align="edge", bottom=bottoms,
+                         label=TIER_LABELS.get(tier, tier), color=f"C{index}")
                 bottoms = [b + s for b, s in zip(bottoms, shares)]
-        axis.set_ylim(0, 1)
-        _decorate(axis, "window of send time", "prompt tokens reused", title)
+        for start_s, label in marks:
+            axis.axvline(start_s, color="gray", linewidth=0.8, linestyle=":")
+            axis.text(start_s + 1, 1.02, label, fontsize=7)
+        axis.set_ylim(0, 1.3)
+        _decorate(axis, "requests sent in the window starting at (s)", "share of prompt tokens reused", title,
+                  "upper right")
     _save(figure, out)
 
 
@@ -124,6 +162,7 @@ def hit_rate_vs_nodes(simulation: dict[str, Any], multinode: dict[str, Any], out
         (right, "p95 TTFT (s)", "the same runs: p95 TTFT"),
     ):
         axis.set_xscale("log", base=2)
+        axis.xaxis.set_major_formatter(FormatStrFormatter("%g"))
         _decorate(axis, "nodes (one worker and one shard each)", ylabel, title)
     _save(figure, out)
 

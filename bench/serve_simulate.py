@@ -1,7 +1,7 @@
 """Fit the cluster simulator to the measured multi-node runs, check it on them, and project 8 to 64 nodes.
 
-python bench/serve_simulate.py --measured docs/results/serve_multinode.json \
-    --workload docs/results/workloads/2wiki_k5_q1.jsonl --out docs/results/serve_simulation.json
+python bench/serve_simulate.py --measured docs/results/multinode/serve_multinode.json \
+    --workload docs/results/workloads/2wiki_k5_q1.jsonl --out docs/results/multinode/serve_simulation.json
 The projection workload is the same retrieval workload drawn again with more requests (--projection-workload).
 """
 import argparse

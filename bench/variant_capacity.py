@@ -1,4 +1,4 @@
-"""Chunk variants in a capacity-bounded store, replayed without a model (issue 19).
+"""Chunk variants in a capacity-bounded store, replayed without a model (docs/studies/variant_capacity.md).
 
 A variant is one more entry in the chunk store, as large as its chunk's base KV, so at a bounded capacity it
 can push out base chunks that later requests would have hit. This replays a workload's requests in order

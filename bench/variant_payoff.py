@@ -1,4 +1,4 @@
-"""When a Cache-Craft chunk variant pays off (issue 19): one reuse stream fused by cachecraft with and without them.
+"""When a Cache-Craft chunk variant pays off: one reuse stream fused by cachecraft with and without them.
 
 Two engines over one model (torch, or one vLLM engine fusing with two Fusers), each with its own chunk store: `base`
 reads every chunk's base KV (computed after the prompt prefix); `variants` also keeps variants
@@ -54,7 +54,7 @@ class Run:
     ratio: float | None = None
 
 
-# cachecraft without and with variants, and cacheblend (the issue's yardstick) on the base store
+# cachecraft without and with variants, and cacheblend (the yardstick: the serving default) on the base store
 BASE_RUNS = (Run("base", "base", MODE), Run("variants", "variants", MODE), Run("cacheblend", "base", "cacheblend"))
 
 
@@ -62,7 +62,7 @@ POOLED_RUNS = (Run("pooled", "base", POOLED_MODE), Run("variants_pooled", "varia
 
 
 def make_runs(query_driven_ratios: list[float], pooled: bool) -> tuple[Run, ...]:
-    """The base runs (and pooled ones), then query_driven (the fidelity issue's best mode) at each ratio given."""
+    """The base runs (and pooled ones), then query_driven (the lowest-divergence mode) at each ratio given."""
     query_driven = tuple(Run(f"query_driven@{r:g}", "base", "query_driven", r) for r in query_driven_ratios)
     return BASE_RUNS + (POOLED_RUNS if pooled else ()) + query_driven
 

@@ -1,4 +1,4 @@
-"""How many chunk variants each creation rule makes and how many reads they serve, replayed without a model (issue 19).
+"""How many chunk variants each creation rule makes and how many reads they serve, replayed without a model.
 
 A workload's requests go through one VariantIndex per rule in order, as one worker would serve them: per
 request, each chunk after the first is served by a variant if one fits its preceding chunks at min_score, then

@@ -51,7 +51,7 @@ def main() -> None:
     )
     parser.add_argument("--oracle-ratio", type=float, default=0.15)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_agreement_study.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_agreement_study/vllm_agreement_study.json"))
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=AUTO, help="compute dtype (auto: by the CPU)")
     args = parser.parse_args()
 

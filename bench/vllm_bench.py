@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_bench.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/vllm_bench/vllm_bench.json"))
     parser.add_argument("--token-selection", action="store_true",
                         help="also run cacheblend selecting single tokens instead of spans (same engine, same run)")
     parser.add_argument("--engine-full-prefill", action="store_true",

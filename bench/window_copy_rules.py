@@ -1,4 +1,4 @@
-"""Which chunks should read the windowed copy? Teacher-forced KL per record under three rules (issue 18).
+"""Which chunks should read the windowed copy? Teacher-forced KL per record under three rules (Gemma 3).
 
 Under `chunk_context: window_aware` a model with sliding-window layers keeps two copies of each chunk's KV (after
 the prefix, and with the prefix hidden from those layers). Per record this scores full reuse and cacheblend at

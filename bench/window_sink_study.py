@@ -1,4 +1,4 @@
-"""What a sliding-window layer sees when a chunk's KV is computed after the prompt prefix (issue 18).
+"""What a sliding-window layer sees when a chunk's KV is computed after the prompt prefix (Gemma 3).
 
 On Gemma 3 a local layer's query sees the last 512 tokens. Deep in a fused context a chunk's tokens see the
 previous chunk's tail there, never the prompt prefix or the BOS token (the attention sink), yet the chunk's

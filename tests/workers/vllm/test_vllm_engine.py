@@ -24,7 +24,7 @@ NUM_TOKENS = 12
 # vLLM's float32 angle table vs blendserve's float64 one, on keys of magnitude ~10: measured <= 5.4e-4.
 ROTATION_ATOL, ROTATION_RTOL = 2e-3, 1e-4
 MUSIQUE_FILE = DATA_FILE.with_name("musique_cacheblend.dev.jsonl")
-TARGET_MODE, TARGET_RATIO = "query_driven", 0.2  # the configuration issue 20's fidelity target is asserted for
+TARGET_MODE, TARGET_RATIO = "query_driven", 0.2  # the configuration the fidelity target is asserted for
 
 
 def _records(path, count: int, num_docs: int) -> list[tuple[list[str], str]]:
@@ -150,7 +150,7 @@ def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_t
     vllm_engine, records
 ) -> None:
     # with_fuser: another Fuser (its own store, keeping variants) over this engine's vLLM. Every chunk is stored
-    # before the first request, so nothing is missed; write-back must still make the variants (issue 19). The
+    # before the first request, so nothing is missed; write-back must still make the variants. The
     # same request again reads every chunk after the first from KV computed after its very context: of the
     # injected KV only the last token is recomputed, and the answer is full prefill's (float32: operation order).
     rules = VariantRules(create_above=0.0, create_after_sightings=1)
@@ -221,7 +221,7 @@ def test_unknown_mode_and_too_long_prompts_are_refused(vllm_engine, records) -> 
 
 @pytest.mark.slow
 def test_blended_agreement_on_musique(vllm_engine) -> None:
-    # Issue 20's target: agreement F1 >= 0.90 with full prefill at <= 20% recompute (query-driven selection),
+    # The fidelity target: agreement F1 >= 0.90 with full prefill at <= 20% recompute (query-driven selection),
     # and a teacher-forced KL (along the full-prefill answer) at most a third of full reuse's. Float32 here.
     from workers.evaluation.divergence import teacher_forced_divergence
     from workers.evaluation.teacher_forced import answer_logprobs
