@@ -14,14 +14,14 @@ from pathlib import Path
 
 from serve_simulate import fit, sim_requests, summary
 
-from cluster.bench_workload import read_workload
+from cluster.bench.workload import read_workload
 from scheduler.admission import AdmissionConfig
-from scheduler.simulator import ClusterShape, simulate
-from scheduler.simulator_routers import AFFINITY, POWER_OF_TWO, ROUND_ROBIN, make_router
+from scheduler.simulation.routers import AFFINITY, POWER_OF_TWO, ROUND_ROBIN, make_router
+from scheduler.simulation.simulator import ClusterShape, simulate
 from scheduler.weights import KiB, MiB, RouterWeights
-from workers.checkpoint import load_model_card
-from workers.default_model import prepare_default_model
-from workers.prompt import DOCUMENT_SEPARATOR
+from workers.generation.prompt import DOCUMENT_SEPARATOR
+from workers.model.checkpoint import load_model_card
+from workers.model.default import prepare_default_model
 
 PENALTIES = ((16.0, 16.0), (4.0, 4.0), (2.0, 2.0), (0.0, 0.0))  # (MiB per queued request, KiB per token in flight)
 CAPACITY_FACTORS = (0.25, 0.5, 1.0, 2.0)

@@ -18,26 +18,26 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from kvplane.jitter import JitterConfig, JitterTier, delay_quantile_s  # noqa: E402
-from kvplane.local_s3 import LocalS3, create_bucket, s3_storage_options  # noqa: E402
 from kvplane.store import TieredStore  # noqa: E402
-from kvplane.tier import Tier  # noqa: E402
-from kvplane.tier_spec import TierSpec, open_tier  # noqa: E402
-from workers.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
-from workers.default_model import prepare_default_model  # noqa: E402
-from workers.delay_model import RecomputeDelayModel, calibrate_runner  # noqa: E402
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype  # noqa: E402
-from workers.engine_base import BlendRequest  # noqa: E402
+from kvplane.tiers.jitter import JitterConfig, JitterTier, delay_quantile_s  # noqa: E402
+from kvplane.tiers.local_s3 import LocalS3, create_bucket, s3_storage_options  # noqa: E402
+from kvplane.tiers.spec import TierSpec, open_tier  # noqa: E402
+from kvplane.tiers.tier import Tier  # noqa: E402
+from workers.chunks.kvplane_store import KVPlaneChunkStore  # noqa: E402
+from workers.engines.base import BlendRequest  # noqa: E402
+from workers.engines.torch_engine import TorchEngine  # noqa: E402
 from workers.evaluation.dataset import QARecord, load_records  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
 from workers.fusion.base import FusionOptions  # noqa: E402
 from workers.fusion.layer_feed import EagerLoader, PipelinedLoader  # noqa: E402
-from workers.kvplane_store import KVPlaneChunkStore  # noqa: E402
-from workers.load_plan import ControllerOptions  # noqa: E402
-from workers.loading_controller import LoadingController  # noqa: E402
-from workers.runner import ModelRunner  # noqa: E402
-from workers.sampling import SamplingParams  # noqa: E402
-from workers.torch_engine import TorchEngine  # noqa: E402
+from workers.generation.sampling import SamplingParams  # noqa: E402
+from workers.loading.controller import LoadingController  # noqa: E402
+from workers.loading.delay_model import RecomputeDelayModel, calibrate_runner  # noqa: E402
+from workers.loading.plan import ControllerOptions  # noqa: E402
+from workers.model.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
+from workers.model.default import prepare_default_model  # noqa: E402
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype  # noqa: E402
+from workers.model.runner import ModelRunner  # noqa: E402
 
 TIERS = ("ram", "ssd", "s3", "s3_jitter")
 # Not in the default run: a jittery remote shard (RAM behind a congested network) above a steady S3, both
@@ -176,7 +176,9 @@ def _run_tier(
         controller = (LoadingController(delays, options=ControllerOptions.from_fusion(options))
                       if policy == "controller" else None)
         loader = EagerLoader() if policy == "no_pipeline" else PipelinedLoader()
-        engine = TorchEngine.from_checkpoint(checkpoint, options, chunk_store, loader=loader, controller=controller)
+        engine = TorchEngine.from_checkpoint(
+            checkpoint, options, store=chunk_store, loader=loader, controller=controller
+        )
         warm = records[0]
         engine.generate(BlendRequest(warm.documents, warm.question, "cacheblend", sampling=sampling))  # not timed
         runs = []

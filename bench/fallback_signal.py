@@ -1,6 +1,6 @@
 """Does cacheblend's fallback signal tell which requests blend badly? (docs/studies/fallback_signal.md)
 
-The signal (`FusionOptions.fallback_min_coverage` acts on it) is the share of the check layer's KV deviation
+The signal (`FusionOptions.fallback.min_coverage` acts on it) is the share of the check layer's KV deviation
 that the tokens kept at the request's ratio hold. Per record: chunk KV stored, cacheblend fused at --ratio (not
 timed), its check-layer coverage read; then joined with the frontier's rows for the same records (cacheblend's
 agreement F1 and teacher-forced KL at that ratio, and full reuse's KL: the share of full reuse's divergence
@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from workers.dtype import measured_on
 from workers.evaluation.arguments import add_record_arguments
 from workers.evaluation.bootstrap import bootstrap_interval
 from workers.evaluation.dataset import load_records
 from workers.evaluation.engines import load_eval_engine
 from workers.evaluation.evaluate import NAMESPACE, EngineAccess, read_rows
 from workers.evaluation.rank_correlation import spearman
+from workers.model.dtype import measured_on
 
 THRESHOLDS = (0.5, 0.6, 0.7)
 

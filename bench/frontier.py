@@ -15,7 +15,6 @@ from typing import Any
 
 from frontier_plot import plot_result  # bench/ is the script's folder, first on sys.path
 
-from workers.dtype import measured_on
 from workers.evaluation.arguments import add_record_arguments
 from workers.evaluation.dataset import load_records
 from workers.evaluation.engines import load_eval_engine
@@ -30,16 +29,17 @@ from workers.evaluation.evaluate import (
 from workers.fusion.base import FusionMode, FusionOptions
 from workers.fusion.cachecraft import CacheCraft
 from workers.fusion.registry import make_fusion_modes
+from workers.model.dtype import measured_on
 
 DEFAULT_MODES = "full_reuse,epic,cacheblend,cachecraft,query_driven"
 DEFAULT_RATIOS = "0.05,0.1,0.15,0.2,0.3,0.5"
 RATIO_FREE = {"full_reuse"}  # modes that recompute nothing whatever the ratio: run once
 # Cache-Craft's ablation (docs/studies/cachecraft_ablation.md); "cachecraft" itself has both mechanisms:
 # early termination and stored impacts.
-CACHECRAFT_VARIANTS: dict[str, dict[str, Any]] = {
-    "cachecraft_neither": {"craft_stop_after": None, "craft_stored_impact": False},  # chunk impact at layer 1 only
-    "cachecraft_stop": {"craft_stored_impact": False},  # + early termination of chunks out of the question's focus
-    "cachecraft_stored": {"craft_stop_after": None},  # + impacts stored from earlier uses
+CACHECRAFT_VARIANTS: dict[str, dict[str, Any]] = {  # CraftOptions changed from the given options
+    "cachecraft_neither": {"stop_after": None, "stored_impact": False},  # chunk impact at layer 1 only
+    "cachecraft_stop": {"stored_impact": False},  # + early termination of chunks out of the question's focus
+    "cachecraft_stored": {"stop_after": None},  # + impacts stored from earlier uses
 }
 
 
@@ -47,7 +47,7 @@ def modes_with_variants(options: FusionOptions) -> dict[str, FusionMode]:
     """Every registered mode, plus the Cache-Craft variants built from `options`."""
     modes = make_fusion_modes(options)
     for name, changes in CACHECRAFT_VARIANTS.items():
-        modes[name] = CacheCraft(replace(options, **changes))
+        modes[name] = CacheCraft(replace(options, craft=replace(options.craft, **changes)))
     return modes
 
 
@@ -100,8 +100,8 @@ def main() -> None:
         dtype = access.engine.dtype
         access.engine.close()
     else:
-        from workers.default_model import prepare_default_model
-        from workers.dtype import resolve_dtype
+        from workers.model.default import prepare_default_model
+        from workers.model.dtype import resolve_dtype
 
         dtype = resolve_dtype(args.dtype, args.model or prepare_default_model(), on_gpu=False)
     wanted = {r.id for r in records}

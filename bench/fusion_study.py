@@ -7,16 +7,16 @@ from pathlib import Path
 
 import torch
 
-from workers.checkpoint import load_checkpoint
-from workers.chunk_store import LocalChunkStore
-from workers.default_model import prepare_default_model
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
+from workers.chunks.store import LocalChunkStore
+from workers.engines.torch_engine import TorchEngine
 from workers.evaluation.dataset import load_records
-from workers.evaluation.divergence import first_token_kl
 from workers.fusion.base import FusionOptions
 from workers.fusion.deviation import DEVIATION_METRICS, kv_deviation
-from workers.kv_cache import KVCache
-from workers.torch_engine import TorchEngine
+from workers.generation.divergence import first_token_kl
+from workers.model.checkpoint import load_checkpoint
+from workers.model.default import prepare_default_model
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
+from workers.model.kv_cache import KVCache
 
 CHECK_LAYER = 1
 
@@ -40,7 +40,7 @@ def main() -> None:
         ): TorchEngine.from_checkpoint(  # options as docs/quality.md was measured: single tokens, gradual filtering
             checkpoint,
             FusionOptions(deviation_metric=metric, selection_span_tokens=1).with_gradual_filtering(),
-            store,
+            store=store,
             chunk_context=context,
         )
         for context, store in stores.items()

@@ -2,11 +2,11 @@
 
 Pass 1 (the model, torch engine): the workload's requests are fused with `cachecraft` in order, as one worker
 would fuse them; the chunk impacts it measures are folded into the store's running means
-(workers/chunk_impact.py). After each request, each of its chunks' stored impact is read: the value a store
+(workers/chunks/impact.py). After each request, each of its chunks' stored impact is read: the value a store
 would know at that chunk's next read. The stream (chunk, tokens, impact known before this read) goes to
 --stream, so pass 2 can run again without the model (--stream-only).
 
-Pass 2 (bookkeeping only): the stream replayed through `tinylfu` and `impact_tinylfu` (kvplane/policy.py) at
+Pass 2 (bookkeeping only): the stream replayed through `tinylfu` and `impact_tinylfu` (kvplane/eviction/policy.py) at
 capacities that hold a share of the distinct chunks' KV. A read the policy holds is a hit; a miss computes the
 chunk in full and writes it (admit). Per policy and capacity: token hit rate, and computed tokens = missed
 tokens + for each hit, the tokens Cache-Craft's rule (workers/fusion/cachecraft.chunk_share at --ratio, over
@@ -18,14 +18,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cluster.bench_workload import read_workload
-from kvplane.policy import make_policy
-from workers.checkpoint import load_checkpoint
-from workers.default_model import prepare_default_model
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
+from cluster.bench.workload import read_workload
+from kvplane.eviction.policy import make_policy
+from workers.engines.torch_engine import TorchEngine
 from workers.fusion.base import FusionOptions
 from workers.fusion.cachecraft import chunk_share
-from workers.torch_engine import TorchEngine
+from workers.model.checkpoint import load_checkpoint
+from workers.model.default import prepare_default_model
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 
 POLICIES = ("tinylfu", "impact_tinylfu")
 CAPACITY_SHARES = (0.05, 0.1, 0.2, 0.4)
@@ -58,19 +58,19 @@ def replay(stream: list[list[dict[str, Any]]], policy_name: str, capacity_bytes:
     """Hit rate and computed tokens of one policy at one capacity."""
     options = FusionOptions()
     policy = make_policy(policy_name, capacity_bytes)
-    note = getattr(policy, "note_impact", None)
     total = hit = computed = 0.0
     for reads in stream:
         impacts = [read["impact"] for read in reads if read["impact"] is not None]
         mean_impact = (sum(impacts) / len(impacts)) if impacts else 1.0
         for read in reads:
-            if note is not None and read["impact"] is not None:
-                note(read["key"], read["impact"])
+            if read["impact"] is not None:
+                policy.note_impact(read["key"], read["impact"])
             total += read["tokens"]
             if policy.contains(read["key"]):
                 hit += read["tokens"]
                 impact = read["impact"] if read["impact"] is not None else mean_impact
-                share = chunk_share(impact, ratio, mean_impact or 1.0, options.cci_reuse_below, options.cci_full_above)
+                craft = options.craft
+                share = chunk_share(impact, ratio, mean_impact or 1.0, craft.cci_reuse_below, craft.cci_full_above)
                 computed += read["tokens"] * share
                 policy.touch(read["key"])
             else:

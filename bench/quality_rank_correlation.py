@@ -14,9 +14,6 @@ from pathlib import Path
 
 import torch
 
-from workers.checkpoint import load_checkpoint
-from workers.default_model import prepare_default_model
-from workers.dtype import measured_on
 from workers.evaluation.dataset import load_records
 from workers.evaluation.rank_correlation import spearman
 from workers.fuser import Fuser
@@ -25,7 +22,10 @@ from workers.fusion.layout import BlendLayout
 from workers.fusion.oracle import layer_kv_error, per_layer_normalised
 from workers.fusion.query_driven import selectable_mask
 from workers.fusion.selective_pass import LayerStep, selective_prefill
-from workers.runner import ModelRunner
+from workers.model.checkpoint import load_checkpoint
+from workers.model.default import prepare_default_model
+from workers.model.dtype import measured_on
+from workers.model.runner import ModelRunner
 
 CHECK_LAYER = 1
 

@@ -13,9 +13,6 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from workers.checkpoint import load_model_card
-from workers.default_model import prepare_default_model
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on
 from workers.evaluation.dataset import load_records
 from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
 from workers.evaluation.evaluate import REFERENCE_MODE, EvalRun, evaluate, summarise
@@ -24,6 +21,9 @@ from workers.fusion.base import FusionMode, FusionOptions
 from workers.fusion.oracle import ORACLE_WEIGHTINGS, OracleSelection
 from workers.fusion.query_driven import QueryDriven, QueryScoring
 from workers.fusion.registry import make_fusion_modes
+from workers.model.checkpoint import load_model_card
+from workers.model.default import prepare_default_model
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on
 
 
 def variants(options: FusionOptions, num_layers: int, oracles: bool) -> dict[str, FusionMode]:

@@ -8,11 +8,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on  # noqa: E402
+from workers.engines.torch_engine import load_torch_engine  # noqa: E402
 from workers.evaluation.dataset import load_records  # noqa: E402
 from workers.evaluation.evaluate import EvalRun, evaluate  # noqa: E402
 from workers.fusion.base import FusionOptions  # noqa: E402
-from workers.torch_engine import load_torch_engine  # noqa: E402
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on  # noqa: E402
 
 DEFAULT_RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 

@@ -21,16 +21,16 @@ from typing import Any
 import aiohttp
 import httpx
 
-from cluster.bench_client import DEFAULT_TIMEOUT, Outcome, blendserve_completion
-from cluster.bench_metrics import percentiles, reuse_timeline
-from cluster.bench_serve import LoadPoint, drive
-from cluster.bench_systems import free_port
-from cluster.bench_workload import WorkloadRequest, read_workload
-from scheduler.simulator_routers import ROUTING_POLICIES
+from cluster.bench.client import DEFAULT_TIMEOUT, Outcome, blendserve_completion
+from cluster.bench.metrics import percentiles, reuse_timeline
+from cluster.bench.serve import LoadPoint, drive
+from cluster.bench.systems import free_port
+from cluster.bench.workload import WorkloadRequest, read_workload
+from scheduler.simulation.routers import ROUTING_POLICIES
 from scheduler.weights import RouterWeights
-from workers.checkpoint import load_model_card
-from workers.default_model import prepare_default_model
-from workers.dtype import dtype_width_bytes, measured_on, resolve_dtype
+from workers.model.checkpoint import load_model_card
+from workers.model.default import prepare_default_model
+from workers.model.dtype import dtype_width_bytes, measured_on, resolve_dtype
 
 MODEL = "SmolLM2-135M-Instruct"
 READY_TIMEOUT_S = 600
@@ -86,7 +86,7 @@ def run_one(args: argparse.Namespace, requests: list[WorkloadRequest], num_nodes
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    from cluster.bench_cluster import build_policy_app
+    from cluster.bench.cluster import build_policy_app
 
     root = Path(tempfile.mkdtemp(prefix=f"mn{num_nodes}{policy[:2]}-", dir=args.scratch))
     os.environ["TMPDIR"] = str(root)

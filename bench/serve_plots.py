@@ -12,7 +12,7 @@ from typing import Any
 
 import matplotlib
 
-from cluster.bench_metrics import throughput_at_p95
+from cluster.bench.metrics import throughput_at_p95
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)

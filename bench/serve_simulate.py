@@ -13,15 +13,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.bench_workload import WorkloadRequest, read_workload
+from cluster.bench.workload import WorkloadRequest, read_workload
 from scheduler.admission import AdmissionConfig
-from scheduler.simulator import DEVICE, LOCAL, OBJECT, REMOTE, ClusterShape, ServiceModel, SimRequest, simulate
-from scheduler.simulator_fit import Observation, fit_service_model
-from scheduler.simulator_routers import ROUTING_POLICIES, make_router
+from scheduler.simulation.fit import Observation, fit_service_model
+from scheduler.simulation.routers import ROUTING_POLICIES, make_router
+from scheduler.simulation.simulator import (
+    DEVICE,
+    LOCAL,
+    OBJECT,
+    REMOTE,
+    ClusterShape,
+    ServiceModel,
+    SimRequest,
+    simulate,
+)
 from scheduler.weights import KiB, MiB, RouterWeights
-from workers.checkpoint import load_model_card
-from workers.default_model import prepare_default_model
-from workers.prompt import DOCUMENT_SEPARATOR
+from workers.generation.prompt import DOCUMENT_SEPARATOR
+from workers.model.checkpoint import load_model_card
+from workers.model.default import prepare_default_model
 
 # "shard" is a shard read the engine did not label local or remote; its cost is fitted with the local shard's.
 TIER_OF = {"device": DEVICE, "ram": LOCAL, "ssd": LOCAL, "shard": LOCAL, "remote": REMOTE, "object": OBJECT}

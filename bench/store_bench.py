@@ -18,9 +18,9 @@ import torch
 
 from kvplane.entry import KVEntry
 from kvplane.keys import chunk_key
-from kvplane.local_s3 import LocalS3, create_bucket, s3_storage_options
 from kvplane.store import TieredStore
-from kvplane.tier_spec import TierSpec
+from kvplane.tiers.local_s3 import LocalS3, create_bucket, s3_storage_options
+from kvplane.tiers.spec import TierSpec
 
 # Chunk geometry of the default model (SmolLM2-135M: 30 layers, 3 KV heads, head dim 64), bf16.
 NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, CHUNK_TOKENS = 30, 3, 64, 256

@@ -19,9 +19,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from cluster.bench_workload import WorkloadRequest, read_workload
-from kvplane.policy import make_policy
-from workers.chunk_variants import Variant, VariantIndex, VariantRules
+from cluster.bench.workload import WorkloadRequest, read_workload
+from kvplane.eviction.policy import make_policy
+from workers.chunks.variants import Variant, VariantIndex, VariantRules
 
 
 def digest(text: str) -> str:
@@ -91,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer  # the default model's tokenizer sizes the chunks
 
-    from workers.default_model import prepare_default_model
+    from workers.model.default import prepare_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
     requests = read_workload(args.workload)[: args.num_requests]

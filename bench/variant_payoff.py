@@ -2,7 +2,7 @@
 
 Two engines over one model (torch, or one vLLM engine fusing with two Fusers), each with its own chunk store: `base`
 reads every chunk's base KV (computed after the prompt prefix); `variants` also keeps variants
-(workers/chunk_variants.py: a chunk's KV computed after the chunks that preceded it in an earlier request, made at
+(workers/chunks/variants.py: a chunk's KV computed after the chunks that preceded it in an earlier request, made at
 write-back where its impact is high enough and, by default, only once those preceding chunks recur; at most two per
 chunk) and serves the best-fitting one. The workload's requests go through both in order, as one worker would serve
 them. Per request: chunk KV stored first (a first sight is computed in full, not scored), then full prefill's greedy
@@ -11,7 +11,7 @@ query_driven on `base` at each of --query-driven-ratios), the mode at --ratio: t
 and the share of the context's per-layer KV recomputed (one fusion), the teacher-forced KL along the reference
 answer (a second), the greedy answer, its time to first token and its write-back (a third, which is when variants
 are made). With --pooled, cachecraft also runs with its shares pooled where the question reads
-(FusionOptions.craft_placement = "pooled") on the base store and on a third engine keeping variants of its own.
+(FusionOptions.craft.placement = "pooled") on the base store and on a third engine keeping variants of its own.
 """
 import argparse
 import json
@@ -22,12 +22,11 @@ from typing import Any
 
 import torch
 
-from cluster.bench_workload import WorkloadRequest, read_workload
-from workers.chunk_store import LocalChunkStore
-from workers.chunk_variants import VariantIndex, VariantRules
-from workers.default_model import prepare_default_model
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
-from workers.engine_base import BlendRequest
+from cluster.bench.workload import WorkloadRequest, read_workload
+from workers.chunks.store import LocalChunkStore
+from workers.chunks.variants import VariantIndex, VariantRules
+from workers.engines.base import BlendRequest
+from workers.engines.torch_engine import TorchEngine
 from workers.evaluation.divergence import teacher_forced_divergence
 from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
 from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
@@ -37,11 +36,12 @@ from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
 from workers.fusion.cachecraft import CacheCraft
 from workers.fusion.registry import make_fusion_modes
-from workers.sampling import SamplingParams
-from workers.torch_engine import TorchEngine
+from workers.generation.sampling import SamplingParams
+from workers.model.default import prepare_default_model
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 
 MODE = "cachecraft"
-POOLED_MODE = "cachecraft_pooled"  # cachecraft with craft_placement = "pooled"
+POOLED_MODE = "cachecraft_pooled"  # cachecraft with craft.placement = "pooled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,8 @@ def load_engines(kind: str, dtype: str, rules: VariantRules, pooled: bool) -> tu
     """`base` and `variants` (and `variants_pooled`) over one model (SmolLM2), each with its own store; the dtype."""
     dtype = resolve_dtype(dtype, prepare_default_model(), on_gpu=False)
     options = FusionOptions()
-    modes = {**make_fusion_modes(options), POOLED_MODE: CacheCraft(replace(options, craft_placement="pooled"))}
+    pooled = replace(options, craft=replace(options.craft, placement="pooled"))
+    modes = {**make_fusion_modes(options), POOLED_MODE: CacheCraft(pooled)}
     base = load_eval_engine(kind, dtype=dtype, options=options, modes=modes)
     runner = base.engine.fuser.runner
     fusers = {"variants": Fuser(runner, options, modes=modes, variants=VariantIndex(rules))}

@@ -13,8 +13,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from cluster.bench_workload import WorkloadRequest, read_workload
-from workers.chunk_variants import Variant, VariantIndex, VariantRules
+from cluster.bench.workload import WorkloadRequest, read_workload
+from workers.chunks.variants import Variant, VariantIndex, VariantRules
 
 
 def replay(requests: list[WorkloadRequest], rules: VariantRules) -> dict[str, Any]:

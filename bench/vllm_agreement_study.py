@@ -21,14 +21,14 @@ from typing import Any
 
 from vllm_bench import KV_CACHE_BYTES, PlainVLLM, _blended, _median, _text
 
-from workers.default_model import prepare_default_model
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import token_f1
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
 from workers.fusion.oracle import ORACLE_WEIGHTINGS, OracleSelection
 from workers.fusion.registry import make_fusion_modes
+from workers.model.default import prepare_default_model
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 from workers.vllm.engine_config import set_cpu_env
 from workers.vllm.settings import VLLMSettings
 

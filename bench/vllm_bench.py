@@ -23,16 +23,16 @@ from typing import Any
 
 import psutil
 
-from workers.default_model import prepare_default_model
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
-from workers.engine_base import BlendRequest
+from workers.engines.base import BlendRequest
 from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import best_f1, token_f1
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
 from workers.fusion.cacheblend import CacheBlend
 from workers.fusion.registry import make_fusion_modes
-from workers.sampling import SamplingParams
+from workers.generation.sampling import SamplingParams
+from workers.model.default import prepare_default_model
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
 from workers.vllm.settings import VLLMSettings
 

@@ -6,7 +6,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workers.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
+from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 from workers.vllm.engine_config import llm_kwargs, set_cpu_env
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa_hipporag.dev.jsonl"
@@ -25,10 +25,10 @@ def main() -> None:
     import torch
     from vllm import LLM, SamplingParams
 
-    from workers.checkpoint import load_checkpoint
-    from workers.default_model import default_model_path
-    from workers.prompt import PromptTemplate
-    from workers.runner import ModelRunner
+    from workers.generation.prompt import PromptTemplate
+    from workers.model.checkpoint import load_checkpoint
+    from workers.model.default import default_model_path
+    from workers.model.runner import ModelRunner
     from workers.vllm.inject import with_context_kv
 
     path = default_model_path()

@@ -17,15 +17,15 @@ from typing import Any
 
 import torch
 
-from workers.checkpoint import load_checkpoint
-from workers.chunk_sources import PREFIX_INDEX, ChunkSource, ChunkSources
-from workers.decode import greedy_answer
-from workers.dtype import measured_on
+from workers.chunks.sources import PREFIX_INDEX, ChunkSource, ChunkSources
 from workers.evaluation.divergence import teacher_forced_divergence
 from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
-from workers.prompt import PromptLayout
-from workers.runner import ModelRunner
+from workers.generation.decode import greedy_answer
+from workers.generation.prompt import PromptLayout
+from workers.model.checkpoint import load_checkpoint
+from workers.model.dtype import measured_on
+from workers.model.runner import ModelRunner
 
 RULES = ("prefix", "window_aware", "but_last")
 MODES = (("full_reuse", 0.0), ("cacheblend", 0.15))

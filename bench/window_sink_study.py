@@ -26,16 +26,16 @@ from typing import Any
 
 import torch
 
-from workers.checkpoint import load_checkpoint
-from workers.chunk_kv import forward_hiding_context
-from workers.chunk_sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT, ChunkSources
-from workers.decode import greedy_answer
-from workers.dtype import DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
+from workers.chunks.kv import forward_hiding_context
+from workers.chunks.sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT, ChunkSources
 from workers.evaluation.divergence import teacher_forced_divergence
 from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
-from workers.kv_cache import KVCache
-from workers.runner import ModelRunner
+from workers.generation.decode import greedy_answer
+from workers.model.checkpoint import load_checkpoint
+from workers.model.dtype import DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
 
 VARIANTS = ("prefix", "placed", "placed_bos")
 

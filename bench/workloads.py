@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cluster.bench_workload import WorkloadRequest, write_workload
+from cluster.bench.workload import WorkloadRequest, write_workload
 from workers.evaluation.dataset import QARecord, load_records
 
 

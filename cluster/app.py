@@ -15,21 +15,21 @@ from ray.serve import Application, Deployment
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from cluster.auth import KeyRing, check_exposure, load_api_keys
+from cluster.api.auth import KeyRing, check_exposure, load_api_keys
+from cluster.api.edge import Edge
+from cluster.api.request_models import ApiError, ChatCompletionRequest, CompletionRequest
+from cluster.api.response_writer import stream_error
 from cluster.cluster_view import RayClusterView, ServeWorkers
 from cluster.config import ServeConfig, config_from_dict, config_to_dict
-from cluster.edge import Edge
 from cluster.gateway import Gateway
 from cluster.hot_settings import admission_of, ingress_user_config, ttft_window_of, worker_user_config
 from cluster.pinned_router import PinnedRequestRouter
-from cluster.request_models import ApiError, ChatCompletionRequest, CompletionRequest
-from cluster.response_writer import stream_error
 from cluster.worker_setup import start_worker
 from scheduler.autoscaling import AutoscalingPolicy, serve_autoscaling_config
 from scheduler.serve_policy import TtftWindow
-from workers.checkpoint import load_model_card
-from workers.default_model import prepare_default_model
-from workers.engine_base import StoredChunk
+from workers.engines.base import StoredChunk
+from workers.model.checkpoint import load_model_card
+from workers.model.default import prepare_default_model
 from workers.worker import Event, Finished, Job
 
 T = TypeVar("T")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from workers.chunk_sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
+from workers.chunks.sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
 
 app = typer.Typer(help="blendserve: RAG serving with CacheBlend chunk-KV fusion.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks; results go to JSON files.", no_args_is_help=True)
@@ -20,7 +20,7 @@ def prepare_model(
     model: str = typer.Option("smollm2-135m", help="smollm2-135m (the default model) or gemma3-270m."),
 ) -> None:
     """Convert a known model's GGUF to a bf16 safetensors checkpoint, once; prints the checkpoint's directory."""
-    from workers.prepared_models import PREPARERS
+    from workers.model.prepared import PREPARERS
 
     if model not in PREPARERS:
         raise typer.BadParameter(f"choose from {', '.join(PREPARERS)}", param_hint="--model")
@@ -39,7 +39,7 @@ def fetch_model_command(
     S3 credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...). The Helm chart runs
     this in an init container before Ray starts.
     """
-    from workers.model_fetch import FetchError, fetch_model
+    from workers.model.fetch import FetchError, fetch_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
@@ -56,7 +56,7 @@ def serve_command(
     dtype: str = typer.Option(None, help=DTYPE_HELP + " Overrides the configuration's model.dtype."),
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible + documents) on Ray Serve until interrupted."""
-    from cluster.auth import AuthConfigError
+    from cluster.api.auth import AuthConfigError
     from cluster.config import ConfigError, config_from_dict, config_to_dict, load_config
     from cluster.server import run_server
 
@@ -182,11 +182,11 @@ def bench_serve(
 
     import yaml
 
-    from cluster.bench_serve import BenchPlan, LoadPoint, run_benchmark
-    from cluster.bench_systems import EngineShape
-    from cluster.bench_workload import read_workload
-    from workers.default_model import prepare_default_model
-    from workers.dtype import resolve_dtype
+    from cluster.bench.serve import BenchPlan, LoadPoint, run_benchmark
+    from cluster.bench.systems import EngineShape
+    from cluster.bench.workload import read_workload
+    from workers.model.default import prepare_default_model
+    from workers.model.dtype import resolve_dtype
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -201,10 +201,18 @@ def bench_serve(
         shape = EngineShape(model_path, served_name, resolve_dtype(dtype, model_path), max_model_len,
                             kv_cache_mib << 20, max_num_seqs)
         plan = BenchPlan(
-            tuple(read_workload(workload, num_requests, offset)), points, shape,
-            work_dir or out.with_suffix(".work"), tuple(s.strip() for s in systems.split(",") if s.strip()),
-            max_tokens, burstiness, precompute, warmup,
-            {k: v for k, v in {"mode": mode, "recompute_ratio": ratio}.items() if v is not None}, base, seed,
+            requests=tuple(read_workload(workload, num_requests, offset)),
+            points=points,
+            shape=shape,
+            work_dir=work_dir or out.with_suffix(".work"),
+            systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
+            max_tokens=max_tokens,
+            burstiness=burstiness,
+            precompute=precompute,
+            num_warmup=warmup,
+            blend={k: v for k, v in {"mode": mode, "recompute_ratio": ratio}.items() if v is not None},
+            blendserve_config=base,
+            seed=seed,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None

@@ -4,10 +4,10 @@ from typing import Protocol
 
 from ray.serve.handle import DeploymentHandle
 
-from kvplane.health import shard_health
-from kvplane.location_index import launch_location_index
+from kvplane.ray.health import shard_health
+from kvplane.ray.location_index import launch_location_index
 from scheduler.membership import Member, launch_membership
-from workers.engine_base import StoredChunk
+from workers.engines.base import StoredChunk
 from workers.worker import Event, Job
 
 Copies = dict[str, list[tuple[str, str]]]

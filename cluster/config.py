@@ -21,11 +21,11 @@ from cluster.config_schema import (
     default_tiers,
 )
 from kvplane.checks import check
-from kvplane.tier_spec import TierSpec
+from kvplane.tiers.spec import TierSpec
 from scheduler.admission import AdmissionConfig
 from scheduler.autoscaling import AutoscalingPolicy
 from scheduler.weights import RouterWeights
-from workers.guardrails import GuardrailsConfig
+from workers.guardrails.guards import GuardrailsConfig
 
 __all__ = [
     "ConfigError",

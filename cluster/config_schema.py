@@ -9,14 +9,14 @@ from typing import Any
 import fsspec
 
 from kvplane.checks import check, check_count, check_non_negative, check_positive
-from kvplane.fs_tier import DEFAULT_TIMEOUT_S
-from kvplane.policy import POLICIES
-from kvplane.tier_spec import TierSpec
-from workers.chunk_sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
-from workers.default_model import DEFAULT_MODEL_NAME
-from workers.dtype import AUTO, DTYPE_CHOICES
+from kvplane.eviction.policy import POLICIES
+from kvplane.tiers.fs import DEFAULT_TIMEOUT_S
+from kvplane.tiers.spec import TierSpec
+from workers.chunks.sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
 from workers.fusion.registry import FUSION_MODES
-from workers.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
+from workers.generation.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
+from workers.model.default import DEFAULT_MODEL_NAME
+from workers.model.dtype import AUTO, DTYPE_CHOICES
 from workers.vllm.settings import VLLMSettings
 
 GiB = 1 << 30

@@ -11,12 +11,7 @@ from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from cluster.cluster_view import ClusterView, Copies, WorkerClient
-from cluster.config import ServeConfig
-from cluster.kv_metrics import KVMetrics
-from cluster.metrics import ServeMetrics
-from cluster.prompting import PreparedRequest, check_context_length, check_served, prepare_request
-from cluster.request_models import (
+from cluster.api.request_models import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -24,21 +19,33 @@ from cluster.request_models import (
     check_model,
     parse_request,
 )
-from cluster.response_models import ChatCompletion, Completion, DocumentsResponse, ModelCard, ModelList, StoredDocument
-from cluster.response_writer import ResponseFrame, collect, sse
-from kvplane.shard import SHARD_NAME_PREFIX
+from cluster.api.response_models import (
+    ChatCompletion,
+    Completion,
+    DocumentsResponse,
+    ModelCard,
+    ModelList,
+    StoredDocument,
+)
+from cluster.api.response_writer import ResponseFrame, collect, sse
+from cluster.cluster_view import ClusterView, Copies, WorkerClient
+from cluster.config import ServeConfig
+from cluster.kv_metrics import KVMetrics
+from cluster.metrics import ServeMetrics
+from cluster.prompting import PreparedRequest, check_context_length, check_served, prepare_request
+from kvplane.ray.shard import SHARD_NAME_PREFIX
 from scheduler.admission import Admission, AdmissionConfig, Rejected
 from scheduler.membership import Member
 from scheduler.placement import worker_locations
 from scheduler.router import Router, RouteReason
 from scheduler.scoring import Chunk
-from workers.chunk_sources import after_prefix
-from workers.dtype import dtype_width_bytes
-from workers.engine_base import BlendRequest, EngineLimits
+from workers.chunks.kvplane_store import chunk_store_key
+from workers.chunks.sources import after_prefix
+from workers.engines.base import BlendRequest, EngineLimits
 from workers.fusion.registry import FUSION_MODES
-from workers.kvplane_store import chunk_store_key
-from workers.model_config import ModelConfig
-from workers.prompt import PromptLayout, PromptTemplate
+from workers.generation.prompt import PromptLayout, PromptTemplate
+from workers.model.config import ModelConfig
+from workers.model.dtype import dtype_width_bytes
 from workers.worker import Event, Finished, Job
 
 NO_WORKER_RETRY_AFTER_S = 5

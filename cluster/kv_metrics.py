@@ -3,7 +3,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from kvplane.health import index_health, shard_health
+from kvplane.ray.health import index_health, shard_health
 
 
 class KVMetrics:

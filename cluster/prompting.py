@@ -1,10 +1,10 @@
 """From a validated API request to the engine's BlendRequest, and the prompt checks that need token counts."""
 from dataclasses import dataclass
 
+from cluster.api.request_models import ApiError, ChatCompletionRequest, CompletionRequest
 from cluster.config import ServeConfig
-from cluster.request_models import ApiError, ChatCompletionRequest, CompletionRequest
-from workers.engine_base import BlendRequest, EngineLimits, RequestError, check_request
-from workers.sampling import SamplingParams
+from workers.engines.base import BlendRequest, EngineLimits, RequestError, check_request
+from workers.generation.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

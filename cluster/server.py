@@ -7,8 +7,8 @@ import time
 import ray
 from ray import serve
 
+from cluster.api.auth import KeyRing, check_exposure, load_api_keys
 from cluster.app import build_app
-from cluster.auth import KeyRing, check_exposure, load_api_keys
 from cluster.config import ServeConfig, config_to_dict
 
 APP_NAME = "blendserve"

@@ -9,27 +9,27 @@ import ray
 import torch
 
 from cluster.config import ServeConfig
-from kvplane.health import tier_events
-from kvplane.index_reporter import IndexReporter
-from kvplane.index_watch import IndexWatch
-from kvplane.location_index import launch_location_index
-from kvplane.shard import ShardConfig, ensure_local_shard
-from kvplane.shard_directory import ShardDirectory
+from kvplane.ray.health import tier_events
+from kvplane.ray.index_reporter import IndexReporter
+from kvplane.ray.index_watch import IndexWatch
+from kvplane.ray.location_index import launch_location_index
+from kvplane.ray.shard import ShardConfig, ensure_local_shard
+from kvplane.ray.shard_directory import ShardDirectory
+from kvplane.ray.worker_store import open_worker_tiered_store
 from kvplane.store import TieredStore
-from kvplane.worker_store import open_worker_store
 from scheduler.membership import WorkerReport, launch_membership
-from workers.checkpoint import load_checkpoint
-from workers.default_model import prepare_default_model
-from workers.dtype import Hardware, resolve_dtype, torch_dtype
-from workers.engine_base import Engine
+from workers.chunks.kvplane_store import KVPlaneChunkStore
+from workers.engines.base import Engine
+from workers.engines.torch_engine import TorchEngine
 from workers.fuser import Fuser
-from workers.fusion.base import FusionOptions
-from workers.guardrails import guarded_fuser
-from workers.kvplane_store import KVPlaneChunkStore
-from workers.prompt import PromptTemplate
-from workers.runner import ModelRunner
-from workers.shadow import ShadowSampler, ShadowSummary
-from workers.torch_engine import TorchEngine
+from workers.fusion.base import FallbackOptions, FusionOptions
+from workers.generation.prompt import PromptTemplate
+from workers.guardrails.guards import guarded_fuser
+from workers.guardrails.shadow import ShadowSampler, ShadowSummary
+from workers.model.checkpoint import load_checkpoint
+from workers.model.default import prepare_default_model
+from workers.model.dtype import Hardware, resolve_dtype, torch_dtype
+from workers.model.runner import ModelRunner
 from workers.worker import Worker
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -39,7 +39,9 @@ SHARD_REFRESH_EVERY = 10  # heartbeats between re-reading which node shards exis
 _log = logging.getLogger(__name__)
 
 
-def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tuple[TieredStore, ShardDirectory | None]:
+def open_serving_tiered_store(
+    config: ServeConfig, worker_id: str, node_id: str
+) -> tuple[TieredStore, ShardDirectory | None]:
     """The worker's device tier, then its node's KVShard (ram, ssd) and the shared object tier, as configured."""
     index = launch_location_index()
     device, ram, ssd, shared = (config.tier(name) for name in ("device", "ram", "ssd", "object"))
@@ -57,7 +59,7 @@ def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tup
         directory = ShardDirectory.discover(index, keep_local=shard)
     # Sent at once: the router should see a chunk in this worker before the answer reaches the client.
     reporter = IndexReporter(index, worker_id, tiers=DEVICE_ONLY, interval_s=0.0)
-    store = open_worker_store(
+    tiered = open_worker_tiered_store(
         device_capacity_bytes=0 if device is None else device.capacity_bytes,
         directory=directory,
         object_store=None if shared is None else shared.to_spec(),
@@ -66,8 +68,8 @@ def open_serving_store(config: ServeConfig, worker_id: str, node_id: str) -> tup
         local_node_id=node_id,
         tenant_share=config.server.tenant_cache_share,
     )
-    IndexWatch(index, store, reporter, tiers=DEVICE_ONLY).start()  # refills the index should it restart empty
-    return store, directory
+    IndexWatch(index, tiered, reporter, tiers=DEVICE_ONLY).start()  # refills the index should it restart empty
+    return tiered, directory
 
 
 def worker_dtype(config: ServeConfig, path: Path) -> str:
@@ -77,13 +79,13 @@ def worker_dtype(config: ServeConfig, path: Path) -> str:
     return resolve_dtype(config.model.dtype, path, on_gpu)
 
 
-def load_worker(config: ServeConfig, worker_id: str, store: TieredStore) -> tuple[Worker, str]:
-    """The configured model in the configured engine over `store`, and the KV fingerprint (model and dtype)."""
+def load_worker(config: ServeConfig, worker_id: str, tiered: TieredStore) -> tuple[Worker, str]:
+    """The configured model in the configured engine over `tiered`, and the KV fingerprint (model and dtype)."""
     path = config.model.path or prepare_default_model()
     dtype = worker_dtype(config, path)
     _log.info("blendserve: worker %s computes in %s (model.dtype %s; %s)", worker_id, dtype, config.model.dtype,
               Hardware.detect().description)
-    engine = open_engine(config, path, dtype, lambda runner: serving_fuser(config, runner, store))
+    engine = open_engine(config, path, dtype, lambda runner: serving_fuser(config, runner, tiered))
     guardrails = config.guardrails
     shadow = ShadowSampler(engine, guardrails.shadow_fraction) if guardrails.shadow_fraction > 0 else None
     fuser = engine.fuser
@@ -101,7 +103,7 @@ def open_engine(config: ServeConfig, path: Path, dtype: str, make_fuser: Callabl
     return TorchEngine(make_fuser(ModelRunner(load_checkpoint(path, torch_dtype(dtype)))))
 
 
-def serving_fuser(config: ServeConfig, runner: ModelRunner, store: TieredStore) -> Fuser:
+def serving_fuser(config: ServeConfig, runner: ModelRunner, tiered: TieredStore) -> Fuser:
     """The configured fusion on `runner` over the tiered store; its guardrails are applied as it is built."""
     prompt = config.prompt
     template = PromptTemplate(
@@ -111,9 +113,9 @@ def serving_fuser(config: ServeConfig, runner: ModelRunner, store: TieredStore) 
     options = FusionOptions(
         recompute_ratio=config.fusion.recompute_ratio,
         selection_span_tokens=config.fusion.selection_span_tokens,
-        fallback_min_coverage=guardrails.fallback_min_coverage,
+        fallback=FallbackOptions(min_coverage=guardrails.fallback_min_coverage),
     )
-    chunk_store = KVPlaneChunkStore(store, runner.checkpoint.fingerprint)
+    chunk_store = KVPlaneChunkStore(tiered, runner.checkpoint.fingerprint)
     return guarded_fuser(runner, options, chunk_store, template, config.engine.chunk_context, guardrails)
 
 
@@ -121,12 +123,12 @@ class Heartbeat:
     """Tells the membership actor every second that this worker is up, with its evictions and guardrails."""
 
     def __init__(
-        self, worker: Worker, node_id: str, fingerprint: str, store: TieredStore, directory: ShardDirectory | None
+        self, worker: Worker, node_id: str, fingerprint: str, tiered: TieredStore, directory: ShardDirectory | None
     ) -> None:
         self._membership = launch_membership()
         self._args = (worker.worker_id, node_id, fingerprint)
         self._worker = worker
-        self._store = store
+        self._tiered = tiered
         self._directory = directory
         self._hardware = Hardware.detect().description
         self._stopped = threading.Event()
@@ -136,7 +138,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Report once."""
-        evictions = {tier: stats.evictions for tier, stats in self._store.stats().tiers.items() if tier == "device"}
+        evictions = {tier: stats.evictions for tier, stats in self._tiered.stats().tiers.items() if tier == "device"}
         shadow = self._worker.shadow
         report = WorkerReport(
             dtype=str(self._worker.engine.dtype).removeprefix("torch."),
@@ -145,7 +147,7 @@ class Heartbeat:
             evictions=evictions,
             blending_refused=self._worker.blending_refused,
             shadow={} if shadow is None else shadow_report(shadow.summary()),
-            kv=tier_events(self._store.stats()),
+            kv=tier_events(self._tiered.stats()),
         )
         self._membership.heartbeat.remote(*self._args, report)
 
@@ -169,9 +171,9 @@ class Heartbeat:
 def start_worker(config: ServeConfig, worker_id: str) -> tuple[Worker, Heartbeat]:
     """Load the model, open the store, then announce the worker (it is ready from here on)."""
     node_id = ray.get_runtime_context().get_node_id()
-    store, directory = open_serving_store(config, worker_id, node_id)
-    worker, fingerprint = load_worker(config, worker_id, store)
-    return worker, Heartbeat(worker, node_id, fingerprint, store, directory)
+    tiered, directory = open_serving_tiered_store(config, worker_id, node_id)
+    worker, fingerprint = load_worker(config, worker_id, tiered)
+    return worker, Heartbeat(worker, node_id, fingerprint, tiered, directory)
 
 
 def shadow_report(summary: ShadowSummary) -> dict[str, float]:

@@ -135,7 +135,7 @@ def parse_header(head: memoryview | bytes) -> ChunkHeader:
         raise CodecError("header fails its checksum")
     try:
         return _unpack(packed)
-    except (msgpack.UnpackException, ValueError, TypeError, KeyError) as err:
+    except (msgpack.UnpackException, ValueError, TypeError, KeyError, OverflowError) as err:
         raise CodecError(f"malformed header: {err}") from err
 
 

@@ -5,11 +5,11 @@ from collections.abc import Callable
 
 import torch
 
-from kvplane.breaker import Breaker
 from kvplane.codec import CodecError
-from kvplane.policy import EvictionPolicy
+from kvplane.eviction.policy import EvictionPolicy
 from kvplane.stats import TierStats
-from kvplane.tier import LabelledTier, Tier, TierError
+from kvplane.tiers.breaker import Breaker
+from kvplane.tiers.tier import Tier, TierError
 
 PlacementListener = Callable[[str, str, int], None]
 """Told (key, tier name, bytes) when a tier gains a key, and (key, tier name, 0) when it loses one."""
@@ -91,23 +91,27 @@ class Level:
 
     def hit_label(self) -> str:
         """The tier that served this thread's last whole-blob fetch: an inner tier's name, else this one's."""
-        inner = self.tier.hit_label() if isinstance(self.tier, LabelledTier) else None
-        return inner or self.name
+        return self.tier.hit_label() or self.name
 
     def stream_label(self, key: str) -> str:
         """The tier a stream of `key` from this level is served by: the inner tier for a tier over tiers."""
         # One more call to the home shard per chunk, so that a shard read says local (ram, ssd) or remote.
-        return (self.label_of(key) if isinstance(self.tier, LabelledTier) else None) or self.name
+        return self._inner_label(key) or self.name
 
     def label_of(self, key: str) -> str | None:
         """The tier holding `key` (an inner tier's name for a tier over tiers), or None."""
-        if isinstance(self.tier, LabelledTier):
-            try:
-                return self.tier.label_of(key)
-            except TierError as err:
-                self.count_error(err)
-                return None
+        label = self._inner_label(key)
+        if label != self.name:
+            return label
         return self.name if self.holds(key) else None
+
+    def _inner_label(self, key: str) -> str | None:
+        """The tier's own answer: an inner tier's name or None for a tier over tiers, this one's name for others."""
+        try:
+            return self.tier.label_of(key)
+        except TierError as err:
+            self.count_error(err)
+            return None
 
     def holds(self, key: str) -> bool:
         """Whether the policy or, failing that, the tier itself knows `key`."""

@@ -8,14 +8,14 @@ import torch
 from kvplane.buffers import clone_bytes
 from kvplane.codec import CodecError, decode, encode, read_header
 from kvplane.entry import KVEntry
+from kvplane.eviction.policy import EvictionPolicy, make_policy
+from kvplane.eviction.slot_share import SlotSharePolicy
 from kvplane.keys import KEY_SEPARATOR, fingerprint_tag
 from kvplane.layer_stream import LayerStream, find_header, stream_layers
 from kvplane.level import Level, PlacementListener
-from kvplane.policy import EvictionPolicy, make_policy
-from kvplane.slot_share import SlotSharePolicy
 from kvplane.stats import StoreStats
-from kvplane.tier import Tier
-from kvplane.tier_spec import TierSpec, open_tier
+from kvplane.tiers.spec import TierSpec, open_tier
+from kvplane.tiers.tier import Tier
 from kvplane.writeback import MAX_PENDING_BYTES, WriteBack
 
 STALE_TEMPORARY_S = 3600.0  # a temporary file this old belongs to a write no process will finish
@@ -43,6 +43,7 @@ class TieredStore:
         self,
         tiers: Sequence[Tier],
         policies: str | Sequence[str] = "tinylfu",
+        *,
         write_back_threads: int = 1,
         listener: PlacementListener | None = None,
         tenant_share: float = 1.0,
@@ -72,6 +73,7 @@ class TieredStore:
     def from_specs(
         cls,
         specs: Sequence[TierSpec],
+        *,
         write_back_threads: int = 1,
         listener: PlacementListener | None = None,
         tenant_share: float = 1.0,
@@ -80,7 +82,14 @@ class TieredStore:
         """A store over the tiers the specs describe, each with its spec's policy."""
         tiers = [open_tier(spec) for spec in specs]
         policies = [spec.policy for spec in specs]
-        return cls(tiers, policies, write_back_threads, listener, tenant_share, capped_tiers=capped_tiers)
+        return cls(
+            tiers,
+            policies,
+            write_back_threads=write_back_threads,
+            listener=listener,
+            tenant_share=tenant_share,
+            capped_tiers=capped_tiers,
+        )
 
     @property
     def tier_names(self) -> list[str]:
@@ -172,10 +181,8 @@ class TieredStore:
     def note_impact(self, key: str, impact: float) -> None:
         """A chunk's context impact, for the tiers whose policy weighs it (impact_tinylfu); others ignore it."""
         for level in self._levels:
-            note = getattr(level.policy, "note_impact", None)
-            if note is not None:
-                with level.lock:
-                    note(key, impact)
+            with level.lock:
+                level.policy.note_impact(key, impact)
 
     def cap_tier(self, tier: str, limit_bytes: int) -> int:
         """Hold at most `limit_bytes` in `tier` (one of capped_tiers) from now on; returns how many entries went."""
@@ -240,9 +247,7 @@ class TieredStore:
         # Files of writes a crash interrupted are swept first; a caller owning the tier alone passes 0.
         adopted = 0
         for index, level in enumerate(self._levels):
-            sweep = getattr(level.tier, "sweep_temporaries", None)
-            if sweep is not None:
-                sweep(temporaries_older_than_s)
+            level.tier.sweep_temporaries(temporaries_older_than_s)
             for key, nbytes in level.scan(""):
                 for victim in level.adopt(key, nbytes):
                     self._evict(index, victim)

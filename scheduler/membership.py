@@ -7,7 +7,7 @@ import ray
 from ray.actor import ActorHandle
 
 from kvplane.checks import check, check_positive
-from kvplane.namespace import RAY_NAMESPACE
+from kvplane.ray.namespace import RAY_NAMESPACE
 
 MEMBERSHIP_ACTOR_NAME = "blendserve-membership"
 
@@ -22,7 +22,7 @@ class WorkerReport:
     evictions: dict[str, int] = field(default_factory=dict)  # tier -> chunks evicted so far
     blending_refused: bool = False  # the canary gate failed: the worker serves full prefill only
     shadow: dict[str, float] = field(default_factory=dict)  # shadow-comparison counters and gauges
-    kv: dict[str, dict[str, float]] = field(default_factory=dict)  # tier -> kvplane fault events (kvplane.health)
+    kv: dict[str, dict[str, float]] = field(default_factory=dict)  # tier -> kvplane fault events (kvplane.ray.health)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,23 +6,22 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from kvplane.layer_stream import ChunkLost
-from workers.chunk_impact import record_impact, stored_impact
-from workers.chunk_kv import compute_chunk_kv
-from workers.chunk_lookup import LookupResult, lookup_layout
-from workers.chunk_sources import DEFAULT_CHUNK_CONTEXT, ChunkSources
-from workers.chunk_store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore
-from workers.chunk_variants import Variant, VariantIndex, chunk_keys
-from workers.engine_base import StoredChunk
+from workers.chunks.kv import compute_chunk_kv
+from workers.chunks.lookup import LookupResult, lookup_layout
+from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT, ChunkSources
+from workers.chunks.store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore, record_impact, stored_impact
+from workers.chunks.variants import Variant, VariantIndex, chunk_keys
+from workers.engines.base import StoredChunk
 from workers.fusion.base import FusionMode, FusionOptions
-from workers.fusion.full_prefill import FullPrefill
+from workers.fusion.baselines.full_prefill import FullPrefill
 from workers.fusion.layer_feed import LayerLoader, PipelinedLoader, ignore_fetch
 from workers.fusion.layout import PREFIX, SUFFIX, BlendLayout, Segment
 from workers.fusion.registry import make_fusion_modes
 from workers.fusion.selective_pass import PrefillResult
-from workers.kv_cache import KVCache
-from workers.loading_controller import LoadingController
-from workers.prompt import PromptLayout, PromptTemplate
-from workers.runner import ModelRunner
+from workers.generation.prompt import PromptLayout, PromptTemplate
+from workers.loading.controller import LoadingController
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
 
 _log = logging.getLogger(__name__)
 
@@ -62,10 +61,11 @@ class Fuser:
     chunks are read from their best-fitting variant, and write-back makes variants where they would pay off.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - a constructor that stores the components it is given, keywords past options
         self,
         runner: ModelRunner,
         options: FusionOptions = FusionOptions(),
+        *,
         store: ChunkStore | None = None,
         template: PromptTemplate | None = None,
         chunk_context: str = DEFAULT_CHUNK_CONTEXT,
@@ -178,9 +178,8 @@ class Fuser:
                 context = prompt.prefix_ids + [t for chunk in prompt.chunk_ids[:index] for t in chunk]
                 self.store.put(compute_chunk_kv(self.runner, ids, context), context, namespace)
                 dropped = variants.add(keys[index], Variant(tuple(keys[:index]), tuple(context)))
-                delete = getattr(self.store, "delete", None)
-                if dropped is not None and delete is not None:
-                    delete(ids, list(dropped.context_ids), namespace)
+                if dropped is not None:
+                    self.store.delete(ids, list(dropped.context_ids), namespace)
             start += len(ids)
 
     def _fuse_once(
@@ -214,13 +213,13 @@ class Fuser:
         return lookup_layout(
             self.store,
             prompt,
-            self.sources,
-            namespace,
-            ratio,
-            self.controller,
-            layer_bytes_per_token,
-            kv_end,
-            self.variants,
+            sources=self.sources,
+            namespace=namespace,
+            ratio=ratio,
+            controller=self.controller,
+            layer_bytes_per_token=layer_bytes_per_token,
+            kv_end=kv_end,
+            variants=self.variants,
         )
 
     def stored_impacts(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> list[float | None]:

@@ -2,9 +2,9 @@
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from workers.engine_base import BlendRequest, Engine, StoredChunk
-from workers.shadow import ShadowSampler
-from workers.text_stream import TextStream
+from workers.engines.base import BlendRequest, Engine, StoredChunk
+from workers.generation.text_stream import TextStream
+from workers.guardrails.shadow import ShadowSampler
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 import pytest
 
 from bench.variant_capacity import digest, replay
-from cluster.bench_workload import WorkloadRequest
-from workers.chunk_variants import VariantRules
+from cluster.bench.workload import WorkloadRequest
+from workers.chunks.variants import VariantRules
 
 
 def _requests(*orders: str) -> list[WorkloadRequest]:

@@ -1,7 +1,7 @@
 """The copy-rule study reads the windowed copy for exactly the chunks a rule names (pure policy, no model)."""
 from bench.window_copy_rules import ChosenSources
-from workers.chunk_sources import PREFIX_INDEX, ChunkSources
-from workers.prompt import PromptLayout
+from workers.chunks.sources import PREFIX_INDEX, ChunkSources
+from workers.generation.prompt import PromptLayout
 
 
 def test_chosen_chunks_read_the_windowed_copy_and_the_rest_the_prefix_copy() -> None:

@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from bench.window_sink_study import chunk_kv
-from workers.checkpoint import load_checkpoint
-from workers.chunk_kv import compute_chunk_kv
-from workers.gemma_model import prepare_gemma3
-from workers.runner import ModelRunner
+from workers.chunks.kv import compute_chunk_kv
+from workers.model.checkpoint import load_checkpoint
+from workers.model.gemma import prepare_gemma3
+from workers.model.runner import ModelRunner
 
 
 @pytest.mark.slow  # loads Gemma 3 a second time; the default run keeps make test within 15 minutes

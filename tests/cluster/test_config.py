@@ -16,7 +16,7 @@ from cluster.config import (
     config_to_dict,
     load_config,
 )
-from kvplane.tier_spec import TierSpec
+from kvplane.tiers.spec import TierSpec
 
 CUSTOM: dict[str, Any] = {
     "model": {"path": "/models/llama-1b", "dtype": "float16"},

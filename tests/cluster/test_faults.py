@@ -19,10 +19,10 @@ import ray
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvplane.keys import key_path
-from kvplane.local_s3 import LocalS3, create_bucket, s3_storage_options
-from kvplane.location_index import INDEX_ACTOR_NAME
-from kvplane.namespace import RAY_NAMESPACE, named_actors
-from kvplane.shard import SHARD_NAME_PREFIX
+from kvplane.ray.location_index import INDEX_ACTOR_NAME
+from kvplane.ray.namespace import RAY_NAMESPACE, named_actors
+from kvplane.ray.shard import SHARD_NAME_PREFIX
+from kvplane.tiers.local_s3 import LocalS3, create_bucket, s3_storage_options
 from scheduler.membership import MEMBERSHIP_ACTOR_NAME
 from tests.cluster.conftest import running_app
 from tests.cluster.test_serving import MODEL

@@ -5,13 +5,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from cluster.api.request_models import ApiError, ChatCompletionRequest
 from cluster.config import ServeConfig
 from cluster.gateway import Gateway
-from cluster.request_models import ApiError, ChatCompletionRequest
 from scheduler.membership import Member, WorkerReport
-from workers.checkpoint import load_model_card
-from workers.default_model import prepare_default_model
-from workers.engine_base import StoredChunk
+from workers.engines.base import StoredChunk
+from workers.model.checkpoint import load_model_card
+from workers.model.default import prepare_default_model
 from workers.worker import Finished, Job, TextDelta
 
 

@@ -18,8 +18,8 @@ from cluster.hot_settings import (
 )
 from scheduler.admission import Admission, AdmissionConfig, Admitted, Rejected
 from scheduler.serve_policy import ServeAutoscalingPolicy
-from workers.checkpoint import load_model_card
-from workers.default_model import prepare_default_model
+from workers.model.checkpoint import load_model_card
+from workers.model.default import prepare_default_model
 
 
 def test_the_overrides_name_the_apps_deployments():

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.checkpoint import load_checkpoint
-from workers.default_model import prepare_default_model
-from workers.engine_base import BlendRequest
-from workers.sampling import SamplingParams
-from workers.torch_engine import TorchEngine
+from workers.engines.base import BlendRequest
+from workers.engines.torch_engine import TorchEngine
+from workers.generation.sampling import SamplingParams
+from workers.model.checkpoint import load_checkpoint
+from workers.model.default import prepare_default_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -21,12 +21,12 @@ import httpx
 import pytest
 import yaml
 
-from kvplane.local_s3 import LocalS3, create_bucket, s3_storage_options
+from kvplane.tiers.local_s3 import LocalS3, create_bucket, s3_storage_options
 from tests.helm.kuberay_replay import RayServiceReplay, replica_ids
 from tests.helm.pod_network import PodNetwork
 from tests.helm.pod_sandbox import Image, Pod
 from tests.helm.rendering import manifests, of_kind, one
-from workers.default_model import prepare_default_model
+from workers.model.default import prepare_default_model
 
 VALUES = Path(__file__).with_name("replay_values.yaml")
 MODEL_BUCKET = "models"

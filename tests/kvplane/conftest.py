@@ -8,8 +8,8 @@ import torch
 
 from kvplane.entry import KVEntry
 from kvplane.keys import chunk_key
-from kvplane.local_s3 import LocalS3, create_bucket, s3_storage_options
-from kvplane.tier_spec import TierSpec
+from kvplane.tiers.local_s3 import LocalS3, create_bucket, s3_storage_options
+from kvplane.tiers.spec import TierSpec
 
 FINGERPRINT = "smollm2-135m/test-fingerprint"
 BUCKET = "kvcache"

@@ -3,7 +3,7 @@ import msgpack
 import pytest
 import torch
 import xxhash
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from kvplane.codec import (
@@ -19,8 +19,8 @@ from kvplane.codec import (
     parse_header,
 )
 from kvplane.layer_stream import ChunkLost
-from kvplane.memory_tier import MemoryTier
 from kvplane.store import TieredStore
+from kvplane.tiers.memory import MemoryTier
 from tests.kvplane.conftest import build_entry
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,6 +61,7 @@ def test_any_bytes_are_refused_with_a_codec_error(data: bytes) -> None:
     replaced=st.dictionaries(st.sampled_from(sorted(SOUND_FIELDS)), anything, min_size=1, max_size=3),
     payload=st.binary(max_size=2048),
 )
+@example(replaced={"shape": [float("inf")]}, payload=b"")  # int(inf) raises OverflowError, not ValueError
 def test_a_forged_header_with_a_valid_checksum_decodes_or_is_refused(replaced: dict, payload: bytes) -> None:
     blob = checksummed({**SOUND_FIELDS, **replaced}, payload)
     try:

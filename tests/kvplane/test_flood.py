@@ -2,8 +2,8 @@
 import pytest
 
 from kvplane.codec import encode
-from kvplane.memory_tier import MemoryTier
 from kvplane.store import TieredStore
+from kvplane.tiers.memory import MemoryTier
 from tests.kvplane.conftest import EntryFactory
 
 CAPACITY_ENTRIES = 40

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kvplane import shard
 from kvplane.codec import encode
-from kvplane.fs_tier import TEMPORARY_MARK
 from kvplane.node_identity import claim_slot
-from kvplane.shard import ShardConfig, ShardServer
+from kvplane.ray import shard
+from kvplane.ray.shard import ShardConfig, ShardServer
 from kvplane.store import TieredStore
-from kvplane.tier_spec import TierSpec
+from kvplane.tiers.fs import TEMPORARY_MARK
+from kvplane.tiers.spec import TierSpec
 from tests.kvplane.conftest import build_entry
 
 NODE_ENV = "BLENDSERVE_NODE_NAME"  # the Helm chart sets it in every Ray container from spec.nodeName

@@ -7,10 +7,10 @@ import torch
 from kvplane.codec import encode
 from kvplane.keys import key_path
 from kvplane.layer_stream import ChunkLost
-from kvplane.memory_tier import MemoryTier
 from kvplane.store import TieredStore
-from kvplane.tier import TierError
-from kvplane.tier_spec import TierSpec
+from kvplane.tiers.memory import MemoryTier
+from kvplane.tiers.spec import TierSpec
+from kvplane.tiers.tier import TierError
 from tests.kvplane.conftest import FINGERPRINT, EntryFactory
 
 

@@ -9,16 +9,16 @@ import pytest
 import torch
 import xxhash
 
-from kvplane.breaker import Breaker
 from kvplane.codec import _PREFIX, FORMAT_VERSION, MAGIC, ChunkHeader, _align, _pack, encode
 from kvplane.entry import KVEntry
-from kvplane.fs_tier import LocalFileTier, with_timeouts
 from kvplane.keys import chunk_key, key_path
 from kvplane.layer_stream import ChunkLost
-from kvplane.local_s3 import LocalS3, create_bucket, s3_storage_options
-from kvplane.memory_tier import MemoryTier
 from kvplane.store import TieredStore
-from kvplane.tier_spec import TierSpec
+from kvplane.tiers.breaker import Breaker
+from kvplane.tiers.fs import LocalFileTier, with_timeouts
+from kvplane.tiers.local_s3 import LocalS3, create_bucket, s3_storage_options
+from kvplane.tiers.memory import MemoryTier
+from kvplane.tiers.spec import TierSpec
 from kvplane.writeback import WriteBack
 from tests.kvplane.conftest import FINGERPRINT, EntryFactory
 

@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.checkpoint import Checkpoint, load_checkpoint
-from workers.default_model import prepare_default_model
-from workers.prompt import PromptTemplate
-from workers.runner import ModelRunner
-from workers.torch_engine import TorchEngine
+from workers.engines.torch_engine import TorchEngine
+from workers.generation.prompt import PromptTemplate
+from workers.model.checkpoint import Checkpoint, load_checkpoint
+from workers.model.default import prepare_default_model
+from workers.model.runner import ModelRunner
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

@@ -4,11 +4,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from workers.chunk_store import LocalChunkStore
-from workers.chunk_variants import VariantIndex
+from workers.chunks.store import LocalChunkStore
+from workers.chunks.variants import VariantIndex
 from workers.fuser import Fuser
 from workers.fusion.layout import SUFFIX
-from workers.runner import ModelRunner
+from workers.model.runner import ModelRunner
 
 
 @pytest.mark.parametrize("mode", ["full_reuse", "epic", "cachecraft", "cacheblend", "full_prefill"])

@@ -1,8 +1,8 @@
 """The plain worker on the real model: streamed deltas equal the engine's answer; stop strings end decoding."""
-from workers.checkpoint import Checkpoint
-from workers.engine_base import BlendRequest
-from workers.sampling import SamplingParams
-from workers.torch_engine import TorchEngine
+from workers.engines.base import BlendRequest
+from workers.engines.torch_engine import TorchEngine
+from workers.generation.sampling import SamplingParams
+from workers.model.checkpoint import Checkpoint
 from workers.worker import Finished, Job, TextDelta, Worker
 
 GREEDY = SamplingParams(max_new_tokens=12)

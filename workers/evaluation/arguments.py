@@ -2,8 +2,8 @@
 import argparse
 from pathlib import Path
 
-from workers.dtype import AUTO, DTYPE_CHOICES
 from workers.evaluation.engines import ENGINE_KINDS
+from workers.model.dtype import AUTO, DTYPE_CHOICES
 
 MUSIQUE = Path("../shared/data/musique_cacheblend.dev.jsonl")
 

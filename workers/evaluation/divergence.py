@@ -1,12 +1,10 @@
-"""How far a fused cache's next-token distributions are from full prefill's."""
+"""How far a fused cache's next-token distributions are from full prefill's along a whole answer.
+
+The first token's alone is workers/generation/divergence.py's first_token_kl (the guardrails use it too).
+"""
 from dataclasses import dataclass
 
 import torch
-
-
-def first_token_kl(reference: torch.Tensor, other: torch.Tensor) -> float:
-    """KL(reference || other) of two first-token log-probability vectors. # [V], [V]"""
-    return float((reference.exp() * (reference - other)).sum().clamp_min(0.0))
 
 
 @dataclass(frozen=True, slots=True)

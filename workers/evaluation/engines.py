@@ -3,15 +3,15 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from workers.checkpoint import load_checkpoint
-from workers.chunk_sources import DEFAULT_CHUNK_CONTEXT
-from workers.default_model import prepare_default_model
-from workers.dtype import resolve_dtype, torch_dtype
+from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT
+from workers.engines.torch_engine import TorchEngine
 from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
 from workers.fuser import Fuser
 from workers.fusion.base import FusionMode, FusionOptions
-from workers.runner import ModelRunner
-from workers.torch_engine import TorchEngine
+from workers.model.checkpoint import load_checkpoint
+from workers.model.default import prepare_default_model
+from workers.model.dtype import resolve_dtype, torch_dtype
+from workers.model.runner import ModelRunner
 
 ENGINE_KINDS = ("torch", "vllm")
 MAX_MODEL_LEN = 8192  # the longest shared records are ~6.4k tokens plus the answer

@@ -9,14 +9,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from workers.engine_base import BlendRequest, BlendResult, Engine
+from workers.engines.base import BlendRequest, BlendResult, Engine
 from workers.evaluation.bootstrap import bootstrap_interval
 from workers.evaluation.dataset import QARecord
 from workers.evaluation.divergence import TeacherForced, teacher_forced_divergence
 from workers.evaluation.scoring import best_f1, normalize_answer, token_f1
 from workers.evaluation.teacher_forced import answer_logprobs
-from workers.prompt import PromptLayout
-from workers.sampling import SamplingParams
+from workers.generation.prompt import PromptLayout
+from workers.generation.sampling import SamplingParams
 
 REFERENCE_MODE = "full_prefill"
 NAMESPACE = "eval"

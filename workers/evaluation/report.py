@@ -4,7 +4,7 @@ from typing import Any
 
 import torch
 
-from workers.dtype import measured_on
+from workers.model.dtype import measured_on
 
 COLUMNS = ("agreement_f1", "exact_match", "first_token_agreement", "first_token_kl", "tf_kl", "tf_nll_gap", "f1")
 PLAIN_COLUMNS = ("ttft_s_median", "recomputed_fraction")

@@ -1,9 +1,9 @@
 """Next-token distributions of a fused prompt along a given answer, computed with the fusion's own runner."""
 import torch
 
-from workers.chunk_store import DEFAULT_NAMESPACE
+from workers.chunks.store import DEFAULT_NAMESPACE
 from workers.fuser import Fuser
-from workers.prompt import PromptLayout
+from workers.generation.prompt import PromptLayout
 
 
 @torch.inference_mode()

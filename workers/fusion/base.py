@@ -1,6 +1,6 @@
 """The fusion-mode interface and the options every mode reads."""
 from abc import ABC
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -11,8 +11,8 @@ from workers.fusion.deviation import DEVIATION_METRICS
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
-from workers.kv_cache import KVCache
-from workers.runner import ModelRunner
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
 
 # One check layer (the default): keep r at layer 1. Agreement as with the paper's gradual filtering (keep 2r at
 # layer 1, narrow to r at layer 2) on 20 musique records, TTFT 0.06-0.1 s lower in the vLLM engine (vllm.md).
@@ -23,8 +23,58 @@ GRADUAL_FILTER_MULTIPLIERS = (2.0, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
+class CraftOptions:
+    """Cache-Craft's knobs (workers/fusion/cachecraft.py): chunk context impact (CCI) and early termination."""
+
+    cci_reuse_below: float = 0.02  # a chunk whose impact is below this is reused whole
+    cci_full_above: float = 0.6  # a chunk whose impact is above this is recomputed whole
+    cci_sample_queries: int = 32
+    stop_after: int | None = 2  # past this layer, chunks the question barely reads are reused
+    focus_below: float = 0.5  # "barely": question-attention share < this x the chunk's token share
+    stored_impact: bool = True  # a chunk's stored impact sets its share before the pass
+    placement: str = "per_chunk"  # where the chunks' shares go (craft_placement.PLACEMENTS)
+
+    def __post_init__(self) -> None:
+        check(
+            0.0 <= self.cci_reuse_below < self.cci_full_above <= 1.0,
+            "craft.cci_reuse_below, craft.cci_full_above",
+            "0 <= cci_reuse_below < cci_full_above <= 1",
+            (self.cci_reuse_below, self.cci_full_above),
+        )
+        check_count("craft.cci_sample_queries", self.cci_sample_queries, 1)
+        check(self.stop_after is None or self.stop_after >= 0, "craft.stop_after", "an int >= 0 or null",
+              self.stop_after)
+        check(0.0 <= self.focus_below <= 1.0, "craft.focus_below", "in [0, 1]", self.focus_below)
+        check(self.placement in PLACEMENTS, "craft.placement", f"one of {sorted(PLACEMENTS)}", self.placement)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheOptions:
+    """The prefix_cache baseline's block cache (workers/fusion/baselines/prefix_cache.py)."""
+
+    num_blocks: int = 2048
+    block_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        check_count("prefix_cache.num_blocks", self.num_blocks, 1)
+        check_count("prefix_cache.block_tokens", self.block_tokens, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackOptions:
+    """Cacheblend's fallback where the check layer's deviation is not sparse (workers/fusion/cacheblend.py)."""
+
+    min_coverage: float = 0.0  # share of the check layer's deviation the kept set must hold (0: off)
+    full_above: float = 0.5  # a needed ratio above this recomputes in full
+
+    def __post_init__(self) -> None:
+        check(0.0 <= self.min_coverage <= 1.0, "fallback.min_coverage", "in [0, 1]", self.min_coverage)
+        check(0.0 < self.full_above <= 1.0, "fallback.full_above", "in (0, 1]", self.full_above)
+
+
+@dataclass(frozen=True, slots=True)
 class FusionOptions:
-    """Knobs of the fusion modes, fixed when the engine is built."""
+    """Knobs of the fusion modes, fixed when the engine is built; each mode's own in its dataclass."""
 
     recompute_ratio: float = 0.15
     deviation_metric: str = "kv"
@@ -32,17 +82,9 @@ class FusionOptions:
     filter_multipliers: tuple[float, ...] = CHECK_LAYER_FILTER_MULTIPLIERS
     selection_span_tokens: int = 16  # cacheblend: recompute whole aligned spans of this many positions
     epic_tokens: int | None = None
-    cci_reuse_below: float = 0.02
-    cci_full_above: float = 0.6
-    cci_sample_queries: int = 32
-    craft_stop_after: int | None = 2  # cachecraft: past this layer, chunks the question barely reads are reused
-    craft_focus_below: float = 0.5  # cachecraft: "barely": question-attention share < this x the chunk's token share
-    craft_stored_impact: bool = True  # cachecraft: a chunk's stored impact sets its share before the pass
-    craft_placement: str = "per_chunk"  # cachecraft: where the chunks' shares go (craft_placement.PLACEMENTS)
-    prefix_cache_blocks: int = 2048
-    prefix_block_tokens: int = 16
-    fallback_min_coverage: float = 0.0  # cacheblend: share of the check layer's deviation the kept set must hold
-    fallback_full_above: float = 0.5  # cacheblend: a needed ratio above this recomputes in full
+    craft: CraftOptions = field(default_factory=CraftOptions)
+    prefix_cache: PrefixCacheOptions = field(default_factory=PrefixCacheOptions)
+    fallback: FallbackOptions = field(default_factory=FallbackOptions)
 
     def __post_init__(self) -> None:
         check(0.0 <= self.recompute_ratio <= 1.0, "recompute_ratio", "in [0, 1]", self.recompute_ratio)
@@ -53,20 +95,6 @@ class FusionOptions:
               self.filter_multipliers)
         check_count("selection_span_tokens", self.selection_span_tokens, 1)
         check(self.epic_tokens is None or self.epic_tokens >= 0, "epic_tokens", "an int >= 0 or null", self.epic_tokens)
-        check(0.0 <= self.cci_reuse_below < self.cci_full_above <= 1.0, "cci_reuse_below, cci_full_above",
-              "0 <= cci_reuse_below < cci_full_above <= 1", (self.cci_reuse_below, self.cci_full_above))
-        check(self.craft_stop_after is None or self.craft_stop_after >= 0, "craft_stop_after", "an int >= 0 or null",
-              self.craft_stop_after)
-        check(0.0 <= self.craft_focus_below <= 1.0, "craft_focus_below", "in [0, 1]", self.craft_focus_below)
-        check(
-            self.craft_placement in PLACEMENTS, "craft_placement", f"one of {sorted(PLACEMENTS)}", self.craft_placement
-        )
-        for name in ("cci_sample_queries", "prefix_cache_blocks", "prefix_block_tokens"):
-            check_count(name, getattr(self, name), 1)
-        check(
-            0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage
-        )
-        check(0.0 < self.fallback_full_above <= 1.0, "fallback_full_above", "in (0, 1]", self.fallback_full_above)
 
     def with_gradual_filtering(self) -> "FusionOptions":
         """These options with the paper's filter schedule: keep 2r at layer 1, narrow to r at layer 2."""

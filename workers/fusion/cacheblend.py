@@ -10,8 +10,8 @@ from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
 from workers.fusion.sparsity import coverage, escalated_ratio
-from workers.kv_cache import KVCache
-from workers.runner import ModelRunner
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
 
 _log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class CacheBlend(FusionMode):
     """Layer 0 in full; at each filter layer rank the still-recomputed tokens by KV deviation and keep the top.
 
     At the first filter layer (the check layer) a request whose deviation is not concentrated enough for
-    the ratio (FusionOptions.fallback_min_coverage) runs at a higher ratio, or in full.
+    the ratio (FusionOptions.fallback.min_coverage) runs at a higher ratio, or in full.
     """
 
     name = "cacheblend"
@@ -62,7 +62,7 @@ class CacheBlend(FusionMode):
             reusable = deviation[~forced]
             state.coverage = coverage(reusable, ratio_count(min(1.0, state.value * multiplier), reusable.numel()))
             raised = escalated_ratio(
-                reusable, state.value, multiplier, opts.fallback_min_coverage, opts.fallback_full_above
+                reusable, state.value, multiplier, opts.fallback.min_coverage, opts.fallback.full_above
             )
             if raised > state.value:
                 _log.info("cacheblend: deviation not sparse at layer %d; ratio %.2f -> %.2f", step.layer,

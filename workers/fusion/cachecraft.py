@@ -5,16 +5,16 @@ Three mechanisms, each switchable in FusionOptions:
 - chunk impact (CCI): at the first filter layer, the share of a chunk's attention that goes to the chunks
   before it sets how much of it is recomputed (none below cci_reuse_below, all above cci_full_above, else a
   share in proportion, its tokens ranked by KV deviation);
-- stored impact (craft_stored_impact): a chunk whose impact the store already holds (a running mean over
+- stored impact (craft.stored_impact): a chunk whose impact the store already holds (a running mean over
   its earlier uses, ChunkLayers.impact) and needs no recompute is computed at no layer at all; when every
   chunk's impact is stored, the plan is made up front: no layer is computed for every token, each chunk's
   share follows its stored impact and its tokens are the spans the question reads most (a scout over all
   layers, as query_driven's); such a pass measures no impact, so the stored means are not refined by it;
-- early termination (craft_stop_after): a scout runs the question over the cached context up to that layer;
+- early termination (craft.stop_after): a scout runs the question over the cached context up to that layer;
   past it, the chunks the question barely attends to keep their cached KV;
-- variants (workers/chunk_variants.py, when the Fuser keeps them): a chunk read from a variant computed after
+- variants (workers/chunks/variants.py, when the Fuser keeps them): a chunk read from a variant computed after
   preceding chunks that overlap this request's by a score s counts its impact x (1 - s);
-- placement (craft_placement): each chunk's share inside it (the paper's), or the shares pooled and spent where
+- placement (craft.placement): each chunk's share inside it (the paper's), or the shares pooled and spent where
   the question reads (the scout then runs over all layers, and its attention ranks tokens online too).
 
 Tokens whose cached KV is exact (BlendLayout.exact_end) are never recomputed.
@@ -31,8 +31,8 @@ from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout, Segment
 from workers.fusion.query_driven import question_attention
 from workers.fusion.selective_pass import LayerStep, PrefillResult, selective_prefill
-from workers.kv_cache import KVCache
-from workers.runner import ModelRunner
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
 
 
 @dataclass(slots=True)
@@ -54,8 +54,8 @@ class CacheCraft(FusionMode):
 
     def __init__(self, options: FusionOptions) -> None:
         super().__init__(options)
-        self.place = PLACEMENTS[options.craft_placement]
-        self.scout_all_layers = options.craft_placement == "pooled"  # pooled shares go where the question reads
+        self.place = PLACEMENTS[options.craft.placement]
+        self.scout_all_layers = options.craft.placement == "pooled"  # pooled shares go where the question reads
 
     def prefill(
         self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
@@ -75,12 +75,12 @@ class CacheCraft(FusionMode):
         chunks = layout.chunk_segments()
         exact = layout.exact_end()
         stored: list[float | None] = [
-            0.0 if seg.end <= exact else (seg.cached.impact if opts.craft_stored_impact and seg.cached else None)
+            0.0 if seg.end <= exact else (seg.cached.impact if opts.craft.stored_impact and seg.cached else None)
             for seg in chunks
         ]
         unfocused = torch.zeros(layout.kv_end, dtype=torch.bool)
-        stop = opts.craft_stop_after
-        upfront = opts.craft_stored_impact and bool(chunks) and all(impact is not None for impact in stored)
+        stop = opts.craft.stop_after
+        upfront = opts.craft.stored_impact and bool(chunks) and all(impact is not None for impact in stored)
         all_layers = upfront or self.scout_all_layers
         if layout.question is None or not chunks or (stop is None and not all_layers):
             return CraftPlan(chunks, stored, unfocused, {})
@@ -88,7 +88,7 @@ class CacheCraft(FusionMode):
         attention = question_attention(runner, layout, cache, feed, last, None)  # [last + 1, kv_end]
         if stop is not None:
             for seg, share in zip(chunks, chunk_focus(attention[: stop + 1], chunks).tolist()):
-                if share < opts.craft_focus_below:
+                if share < opts.craft.focus_below:
                     unfocused[seg.start : min(seg.end, layout.kv_end)] = True
             unfocused &= ~layout.forced
         relevance = (attention / attention.sum(dim=1, keepdim=True).clamp_min(1e-30)).sum(dim=0) if all_layers else None
@@ -113,14 +113,15 @@ class CacheCraft(FusionMode):
         A chunk read from a variant that fits the request by s counts its impact x (1 - s).
         """
         cci = impact * (1.0 - (seg.cached.variant_score if seg.cached is not None else 0.0))
-        return chunk_share(cci, ratio, mean_impact, self.options.cci_reuse_below, self.options.cci_full_above)
+        craft = self.options.craft
+        return chunk_share(cci, ratio, mean_impact, craft.cci_reuse_below, craft.cci_full_above)
 
     def initial_positions(self, layout: BlendLayout, plan: CraftPlan) -> torch.Tensor:
         """Every position but the exact ones and those of chunks whose stored impact needs no recompute. # [S]"""
         skip = torch.zeros(layout.kv_end, dtype=torch.bool)
         skip[: layout.exact_end()] = True
         for seg, impact in zip(plan.chunks, plan.stored):
-            if impact is not None and impact < self.options.cci_reuse_below:
+            if impact is not None and impact < self.options.craft.cci_reuse_below:
                 skip[seg.start : min(seg.end, layout.kv_end)] = True
         return (~skip | layout.forced).nonzero().squeeze(1)
 
@@ -131,7 +132,7 @@ class CacheCraft(FusionMode):
         before = int(alive.sum())
         if step.layer == opts.filter_layers[0] and not plan.upfront:
             alive &= self._select(step, ratio, plan)
-        if step.layer == opts.craft_stop_after:
+        if step.layer == opts.craft.stop_after:
             alive &= ~plan.unfocused
         if int(alive.sum()) == before:
             return None
@@ -151,7 +152,7 @@ class CacheCraft(FusionMode):
         if not online:
             return layout.forced.clone()
         q, k = full_layer_qk(step)
-        measured = chunk_context_impact(q, k, plan.chunks, opts.cci_sample_queries, online)
+        measured = chunk_context_impact(q, k, plan.chunks, opts.craft.cci_sample_queries, online)
         impacts = [float(measured[i]) if i in online else plan.stored[i] for i in range(len(plan.chunks))]
         for i in online:
             plan.measured[plan.chunks[i].start] = impacts[i]

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import torch
 
 from workers.fusion.layout import BlendLayout
-from workers.kv_cache import KVCache
-from workers.rope import KeyRotation
+from workers.model.kv_cache import KVCache
+from workers.model.rope import KeyRotation
 
 FetchObserver = Callable[[str, float, int], None]
 """Told (tier, seconds, bytes) after each layer-chunk fetch."""

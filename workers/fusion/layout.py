@@ -3,10 +3,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.chunk_kv import ChunkKV, ChunkLayers
-from workers.kv_cache import KVCache
-from workers.prompt import PromptLayout
-from workers.rope import KeyRotation
+from workers.chunks.kv import ChunkKV, ChunkLayers
+from workers.generation.prompt import PromptLayout
+from workers.model.kv_cache import KVCache
+from workers.model.rope import KeyRotation
 
 PREFIX, CHUNK, SUFFIX = "prefix", "chunk", "suffix"
 

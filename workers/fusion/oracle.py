@@ -17,8 +17,8 @@ from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
 from workers.fusion.query_driven import question_attention
 from workers.fusion.selective_pass import PrefillResult, selective_prefill
-from workers.kv_cache import KVCache
-from workers.runner import ModelRunner
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
 
 ORACLE_WEIGHTINGS = ("raw", "per_layer", "question", "iterative")
 

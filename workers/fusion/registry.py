@@ -1,11 +1,11 @@
 """The registry of fusion modes: a name chosen once per engine maps to one strategy object."""
 from workers.fusion.base import FusionMode, FusionOptions
+from workers.fusion.baselines.epic import Epic
+from workers.fusion.baselines.full_prefill import FullPrefill
+from workers.fusion.baselines.full_reuse import FullReuse
+from workers.fusion.baselines.prefix_cache import PrefixCache
 from workers.fusion.cacheblend import CacheBlend
 from workers.fusion.cachecraft import CacheCraft
-from workers.fusion.epic import Epic
-from workers.fusion.full_prefill import FullPrefill
-from workers.fusion.full_reuse import FullReuse
-from workers.fusion.prefix_cache import PrefixCache
 from workers.fusion.query_driven import QueryDriven
 
 FUSION_MODES: dict[str, type[FusionMode]] = {

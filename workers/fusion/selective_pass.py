@@ -6,8 +6,8 @@ import torch
 
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
-from workers.kv_cache import KVCache
-from workers.runner import ModelRunner
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
 
 
 @dataclass(slots=True)

@@ -2,27 +2,27 @@
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from workers.chunk_store import DEFAULT_NAMESPACE
-from workers.engine_base import (
+from workers.chunks.store import DEFAULT_NAMESPACE
+from workers.engines.base import (
     BlendRequest,
     Engine,
     EngineLimits,
     Generation,
     PrefillStats,
     StoredChunk,
-    check_request,
+    prefill_stats,
 )
 from workers.fuser import FusedPrompt, Fuser
-from workers.prompt import PromptLayout
-from workers.runner import ModelRunner
-from workers.sampling import SamplingParams
+from workers.generation.prompt import PromptLayout
+from workers.generation.sampling import SamplingParams
+from workers.model.runner import ModelRunner
 from workers.vllm.blocks import injectable_tokens
 from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
 from workers.vllm.engine_loop import EngineLoop, TokenStream
@@ -67,7 +67,7 @@ class VLLMEngine(Engine):
         model_path: Path,
         scratch_dir: Path,
         settings: VLLMSettings = VLLMSettings(),
-        dtype: str = "bfloat16",  # concrete (workers.dtype.resolve_dtype makes "auto" so)
+        dtype: str = "bfloat16",  # concrete (workers.model.dtype.resolve_dtype makes "auto" so)
         make_fuser: Callable[[ModelRunner], Fuser] = Fuser,
         tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> "VLLMEngine":
@@ -97,12 +97,8 @@ class VLLMEngine(Engine):
     def open(self, request: BlendRequest) -> Generation:
         """Fuse the context (one request at a time), hand the request to vLLM, return at its first token."""
         start_s = time.perf_counter()
-        prompt = self.fuser.layout(request.documents, request.question)
-        check_request(request, len(prompt.token_ids), self.limits)
-        ratio = self.fuser.ratio_for(request.recompute_ratio)
-        sampling = request.sampling
-        if not sampling.stop_token_ids:
-            sampling = replace(sampling, stop_token_ids=self.stop_token_ids)
+        prepared = self.prepare(request)
+        prompt, ratio, sampling = prepared.prompt, prepared.ratio, prepared.sampling
         submitted = self._loop.call(lambda: self._submit(prompt, request, ratio, sampling))
         tokens = iter(submitted.stream)
         try:
@@ -202,22 +198,20 @@ class VLLMEngine(Engine):
         self, mode: str, ratio: float, ttft_s: float, prompt: PromptLayout, submitted: _Submitted
     ) -> PrefillStats:
         num_tokens = len(prompt.token_ids)
-        context = num_tokens - len(prompt.suffix_ids)
         injected, fused = submitted.injected_tokens, submitted.fused
-        fraction = fused.prefill.recomputed_fraction if fused is not None and injected else 1.0
         logprobs = torch.full((self._vocab_size,), float("-inf"))
         for token, value in submitted.stream.first_logprobs.items():
             logprobs[token] = value
-        return PrefillStats(
+        return prefill_stats(
             mode=mode if fused is None else fused.mode.name,
             recompute_ratio=ratio if fused is None else fused.ratio,
             ttft_s=ttft_s,
             num_prompt_tokens=num_tokens,
-            context_tokens=context,
+            context_tokens=num_tokens - len(prompt.suffix_ids),
             # only the injected context reached vLLM: cached KV beyond it was recomputed there
+            fused_tokens=injected,
+            fused_fraction=fused.prefill.recomputed_fraction if fused is not None and injected else 1.0,
             reused_tokens_by_tier=fused.reused_tokens_by_tier(injected) if fused is not None else {},
-            recomputed_tokens=round(fraction * injected) + num_tokens - injected,
-            recomputed_fraction=(fraction * injected + context - injected) / max(context, 1),
             first_token_logprobs=logprobs,
         )
 

@@ -1,8 +1,8 @@
 """One fusion KV buffer reused from request to request once vLLM has released the previous request's KV."""
 import torch
 
-from workers.kv_cache import KVCache
-from workers.model_config import ModelConfig
+from workers.model.config import ModelConfig
+from workers.model.kv_cache import KVCache
 from workers.vllm.handoff import get_kv
 
 

@@ -4,13 +4,13 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from workers.checkpoint import Checkpoint, load_model_card
-from workers.fingerprint import model_fingerprint
-from workers.kv_cache import KVCache
-from workers.model_config import ModelConfig
-from workers.runner import ModelRunner
+from workers.model.checkpoint import Checkpoint, load_model_card
+from workers.model.config import ModelConfig
+from workers.model.fingerprint import model_fingerprint
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
+from workers.model.weights import LayerWeights, ModelWeights
 from workers.vllm.paged_attention import MIN_QUERIES, PagedAttention
-from workers.weights import LayerWeights, ModelWeights
 
 _NO_TENSOR = torch.empty(0)  # the dense projections stay inside vLLM's modules (repacked on CPU)
 

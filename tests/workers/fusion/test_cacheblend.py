@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from workers.checkpoint import Checkpoint
-from workers.engine_base import BlendRequest, BlendResult
-from workers.fusion.base import FusionOptions
-from workers.sampling import SamplingParams
-from workers.torch_engine import TorchEngine
+from workers.engines.base import BlendRequest, BlendResult
+from workers.engines.torch_engine import TorchEngine
+from workers.fusion.base import FallbackOptions, FusionOptions
+from workers.generation.sampling import SamplingParams
+from workers.model.checkpoint import Checkpoint
 
 SHORT = SamplingParams(max_new_tokens=4)
 
@@ -19,14 +19,15 @@ def answer(engine: TorchEngine, record: dict, mode: str = "cacheblend", ratio: f
 @pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_sparse_requests_keep_their_ratio(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     engine = TorchEngine.from_checkpoint(
-        checkpoint, FusionOptions(fallback_min_coverage=0.5)
+        checkpoint, FusionOptions(fallback=FallbackOptions(min_coverage=0.5))
     )  # real requests cover ~0.7
     assert answer(engine, qa_records[0]).stats.recompute_ratio == 0.15
 
 
 @pytest.mark.slow  # the default run keeps make test within 15 minutes
 def test_a_demanding_coverage_raises_the_ratio(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
-    engine = TorchEngine.from_checkpoint(checkpoint, FusionOptions(fallback_min_coverage=0.95, fallback_full_above=1.0))
+    options = FusionOptions(fallback=FallbackOptions(min_coverage=0.95, full_above=1.0))
+    engine = TorchEngine.from_checkpoint(checkpoint, options)
     result = answer(engine, qa_records[0])
     assert 0.15 < result.stats.recompute_ratio < 1.0
     assert (
@@ -36,7 +37,8 @@ def test_a_demanding_coverage_raises_the_ratio(checkpoint: Checkpoint, qa_record
 
 
 def test_not_sparse_at_all_recomputes_in_full(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
-    engine = TorchEngine.from_checkpoint(checkpoint, FusionOptions(fallback_min_coverage=0.99, fallback_full_above=0.2))
+    options = FusionOptions(fallback=FallbackOptions(min_coverage=0.99, full_above=0.2))
+    engine = TorchEngine.from_checkpoint(checkpoint, options)
     result = answer(engine, qa_records[1])
     reference = answer(engine, qa_records[1], "full_prefill", None)
     assert result.stats.recompute_ratio == 1.0

@@ -2,15 +2,15 @@
 import pytest
 import torch
 
-from workers.checkpoint import Checkpoint
-from workers.chunk_kv import ChunkLayers
-from workers.fusion.base import FusionOptions
+from workers.chunks.kv import ChunkLayers
+from workers.engines.torch_engine import TorchEngine
+from workers.fusion.base import CraftOptions, FusionOptions
 from workers.fusion.cachecraft import CacheCraft, CraftPlan, chunk_context_impact, chunk_focus, chunk_share
 from workers.fusion.craft_placement import place_pooled
 from workers.fusion.layout import CHUNK, BlendLayout, Segment
 from workers.fusion.selective_pass import LayerStep
-from workers.prompt import PromptLayout
-from workers.torch_engine import TorchEngine
+from workers.generation.prompt import PromptLayout
+from workers.model.checkpoint import Checkpoint
 
 
 def test_chunk_share_is_none_below_all_above_and_proportional_between() -> None:
@@ -63,7 +63,7 @@ def test_past_the_stop_layer_only_chunks_out_of_focus_are_dropped() -> None:
     unfocused = torch.zeros(18, dtype=torch.bool)
     unfocused[8:12] = True  # the second chunk
     plan = CraftPlan(layout.chunk_segments(), [0.0, 0.3, 0.3], unfocused, {})
-    craft = CacheCraft(FusionOptions(craft_stop_after=2))
+    craft = CacheCraft(FusionOptions(craft=CraftOptions(stop_after=2)))
     positions = torch.tensor([9, 10, 13, 16, 17])  # what the filter layer kept
     step = lambda layer: LayerStep(layer, positions, *[torch.zeros(5, 1, 2)] * 3, None, layout)  # noqa: E731
     assert craft._narrow(step(3), 0.15, plan) is None  # not the stop layer: nothing changes
@@ -77,7 +77,8 @@ def test_with_every_impact_stored_the_plan_is_made_up_front_from_the_question() 
     relevance = torch.zeros(30)
     relevance[[14, 15, 21]] = 1.0  # the question reads these most
     plan = CraftPlan(layout.chunk_segments(), [0.0, 0.4, 0.2], torch.zeros(30, dtype=torch.bool), {}, relevance)
-    craft = CacheCraft(FusionOptions(selection_span_tokens=1, cci_reuse_below=0.01, cci_full_above=0.9))
+    options = FusionOptions(selection_span_tokens=1, craft=CraftOptions(cci_reuse_below=0.01, cci_full_above=0.9))
+    craft = CacheCraft(options)
     # mean impact 0.2: the second chunk recomputes 0.25 x 0.4 / 0.2 = half (4 tokens), the third a quarter (2)
     chosen = craft.upfront(layout, plan, 0.25).tolist()
     assert {14, 15} <= set(chosen) and sum(12 <= p < 20 for p in chosen) == 4
@@ -92,7 +93,7 @@ def test_early_termination_stops_recomputing_chunks_out_of_focus(
     engine = TorchEngine.from_checkpoint(checkpoint)
     runner = engine.fuser.runner
     for name, stop, below in (("off", None, 0.8), ("on", 2, 0.8), ("nothing_out", 2, 0.0)):
-        options = FusionOptions(craft_stop_after=stop, craft_focus_below=below, craft_stored_impact=False)
+        options = FusionOptions(craft=CraftOptions(stop_after=stop, focus_below=below, stored_impact=False))
         engine.fuser.modes[name] = CacheCraft(options)
     record = qa_records[0]
     prompt = engine.fuser.layout(record["documents"], record["question"])
@@ -116,7 +117,7 @@ def test_pooled_placement_spends_the_same_budget_where_the_question_reads(
 ) -> None:
     calls: dict[str, tuple] = {}
     for name in ("per_chunk", "pooled"):
-        mode = CacheCraft(FusionOptions(craft_placement=name, craft_stop_after=None, craft_stored_impact=False))
+        mode = CacheCraft(FusionOptions(craft=CraftOptions(placement=name, stop_after=None, stored_impact=False)))
         place = mode.place
         mode.place = lambda *args, place=place, name=name: calls.setdefault(name, (args, place(*args)))[1]  # type: ignore[misc]
         engine.fuser.modes[name] = mode

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from workers.fusion.base import FusionOptions
+from workers.fusion.base import CraftOptions
 from workers.fusion.craft_placement import place_per_chunk, place_pooled
 from workers.fusion.layout import CHUNK, Segment
 
@@ -44,5 +44,5 @@ def test_pooled_spans_stop_at_the_partial_chunks() -> None:
 
 
 def test_an_unknown_placement_is_refused() -> None:
-    with pytest.raises(ValueError, match="craft_placement"):
-        FusionOptions(craft_placement="everywhere")
+    with pytest.raises(ValueError, match=r"craft\.placement"):
+        CraftOptions(placement="everywhere")

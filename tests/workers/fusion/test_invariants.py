@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from workers.checkpoint import Checkpoint
-from workers.engine_base import BlendRequest, BlendResult
-from workers.evaluation.divergence import first_token_kl
-from workers.prompt import PromptTemplate
-from workers.sampling import SamplingParams
-from workers.torch_engine import TorchEngine
+from workers.engines.base import BlendRequest, BlendResult
+from workers.engines.torch_engine import TorchEngine
+from workers.generation.divergence import first_token_kl
+from workers.generation.prompt import PromptTemplate
+from workers.generation.sampling import SamplingParams
+from workers.model.checkpoint import Checkpoint
 
 SHORT = SamplingParams(max_new_tokens=6)
 LOGPROB_TOLERANCE = dict(atol=2e-3, rtol=0.0)

@@ -6,17 +6,17 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kvplane.memory_tier import MemoryTier
 from kvplane.store import TieredStore
-from workers.checkpoint import Checkpoint
-from workers.chunk_store import LocalChunkStore
-from workers.engine_base import BlendRequest
+from kvplane.tiers.memory import MemoryTier
+from workers.chunks.kvplane_store import KVPlaneChunkStore
+from workers.chunks.store import LocalChunkStore
+from workers.engines.base import BlendRequest
+from workers.engines.torch_engine import TorchEngine
 from workers.fusion.layer_feed import EagerLoader, PipelinedLoader
-from workers.kv_cache import KVCache
-from workers.kvplane_store import KVPlaneChunkStore
-from workers.prompt import PromptLayout
-from workers.sampling import SamplingParams
-from workers.torch_engine import TorchEngine
+from workers.generation.prompt import PromptLayout
+from workers.generation.sampling import SamplingParams
+from workers.model.checkpoint import Checkpoint
+from workers.model.kv_cache import KVCache
 
 SHORT = SamplingParams(max_new_tokens=4)
 

@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-from workers.checkpoint import Checkpoint
-from workers.chunk_kv import compute_chunk_kv
+from workers.chunks.kv import compute_chunk_kv
 from workers.fusion.base import FusionOptions
 from workers.fusion.layout import BlendLayout
 from workers.fusion.oracle import ORACLE_WEIGHTINGS, OracleSelection, kv_error, oracle_positions, per_layer_normalised
-from workers.prompt import PromptLayout
-from workers.runner import ModelRunner
+from workers.generation.prompt import PromptLayout
+from workers.model.checkpoint import Checkpoint
+from workers.model.runner import ModelRunner
 
 
 def test_oracle_positions_are_the_forced_and_the_largest_errors() -> None:

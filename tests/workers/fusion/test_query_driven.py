@@ -2,15 +2,15 @@
 import pytest
 import torch
 
-from workers.checkpoint import Checkpoint
-from workers.chunk_kv import ChunkLayers
-from workers.engine_base import BlendRequest
-from workers.evaluation.divergence import first_token_kl
+from workers.chunks.kv import ChunkLayers
+from workers.engines.base import BlendRequest
+from workers.engines.torch_engine import TorchEngine
 from workers.fusion.layout import BlendLayout
 from workers.fusion.query_driven import QueryScoring, question_attention, scout_attention, select_tokens
-from workers.prompt import PromptLayout
-from workers.sampling import SamplingParams
-from workers.torch_engine import TorchEngine
+from workers.generation.divergence import first_token_kl
+from workers.generation.prompt import PromptLayout
+from workers.generation.sampling import SamplingParams
+from workers.model.checkpoint import Checkpoint
 
 
 def _layout(kv_end: int | None = None) -> BlendLayout:

@@ -1,16 +1,16 @@
 """The shared selective pass on the real model: the last layer's shortcut and cacheblend's check-layer schedules."""
 import torch
 
-from workers.checkpoint import Checkpoint
-from workers.chunk_kv import compute_chunk_kv
+from workers.chunks.kv import compute_chunk_kv
 from workers.fusion.base import FusionOptions
 from workers.fusion.cacheblend import CacheBlend
 from workers.fusion.deviation import ratio_count
 from workers.fusion.layout import BlendLayout
 from workers.fusion.selective_pass import selective_prefill
-from workers.kv_cache import KVCache
-from workers.prompt import PromptLayout
-from workers.runner import ModelRunner
+from workers.generation.prompt import PromptLayout
+from workers.model.checkpoint import Checkpoint
+from workers.model.kv_cache import KVCache
+from workers.model.runner import ModelRunner
 
 CHUNKS = (
     "Marie Curie was born in Warsaw and later moved to Paris. ",

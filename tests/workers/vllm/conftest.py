@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.default_model import prepare_default_model
-from workers.runner import ModelRunner
+from workers.model.default import prepare_default_model
+from workers.model.runner import ModelRunner
 
 DATA_FILE = Path(__file__).resolve().parents[4] / "shared" / "data" / "hotpotqa_hipporag.dev.jsonl"
 BLOCK = 128  # vLLM's CPU block size
@@ -71,7 +71,7 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def rag_prompts(runner: ModelRunner) -> list[tuple[list[int], int]]:
     """Two real HotpotQA prompts as (token ids, context length): documents first, the question suffix last."""
-    from workers.prompt import PromptTemplate
+    from workers.generation.prompt import PromptTemplate
 
     template = PromptTemplate(runner.checkpoint.tokenizer)
     prompts = []

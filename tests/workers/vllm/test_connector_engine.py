@@ -14,7 +14,7 @@ if importlib.util.find_spec("vllm") is None:
 from vllm import SamplingParams  # noqa: E402
 
 from tests.workers.vllm.conftest import BLOCK, LOGPROB_ATOL, full_prefill_kv  # noqa: E402
-from workers.runner import ModelRunner  # noqa: E402
+from workers.model.runner import ModelRunner  # noqa: E402
 from workers.vllm import handoff  # noqa: E402
 from workers.vllm.inject import with_context_kv  # noqa: E402
 from workers.vllm.model_access import vllm_model  # noqa: E402

@@ -14,14 +14,14 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed in this environment", allow_module_level=True)
 
 # Slow: starting a Gemma vLLM engine costs ~35-50 s on an AVX2-only CPU, which the 15-minute make test cannot
-# carry; Gemma's invariants run by default in the torch engine (tests/workers/test_gemma.py). `make test-all`.
+# carry; Gemma's invariants run by default in the torch engine (tests/workers/model/test_gemma.py). `make test-all`.
 pytestmark = pytest.mark.slow
 
 from tests.workers.vllm.conftest import DATA_FILE, DTYPE, KV_CACHE_BYTES, LOGPROB_ATOL  # noqa: E402
 from tests.workers.vllm.test_vllm_engine import ROTATION_ATOL, ROTATION_RTOL, _answer, _records  # noqa: E402
-from workers.checkpoint import load_checkpoint  # noqa: E402
-from workers.gemma_model import prepare_gemma3  # noqa: E402
-from workers.runner import ModelRunner  # noqa: E402
+from workers.model.checkpoint import load_checkpoint  # noqa: E402
+from workers.model.gemma import prepare_gemma3  # noqa: E402
+from workers.model.runner import ModelRunner  # noqa: E402
 from workers.vllm import handoff  # noqa: E402
 
 LOCAL_LAYER, GLOBAL_LAYER = 0, 5

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from workers.kv_cache import KVCache
-from workers.model_config import ModelConfig, RopeConfig
+from workers.model.config import ModelConfig, RopeConfig
+from workers.model.kv_cache import KVCache
 from workers.vllm.handoff import drop_kv, put_kv
 from workers.vllm.kv_buffer import ReusedKVBuffer
 

@@ -7,7 +7,7 @@ import torch
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed in this environment", allow_module_level=True)
 
-from workers.layers import positional_attention  # noqa: E402
+from workers.model.layers import positional_attention  # noqa: E402
 
 
 def _positions(num_keys: int, num_queries: int, layout: str) -> torch.Tensor:

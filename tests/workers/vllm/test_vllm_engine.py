@@ -12,12 +12,12 @@ if importlib.util.find_spec("vllm") is None:
 from vllm import SamplingParams as VLLMSamplingParams  # noqa: E402
 
 from tests.workers.vllm.conftest import DATA_FILE, LOGPROB_ATOL  # noqa: E402
-from workers.chunk_variants import VariantIndex, VariantRules, chunk_keys  # noqa: E402
-from workers.engine_base import BlendRequest  # noqa: E402
+from workers.chunks.variants import VariantIndex, VariantRules, chunk_keys  # noqa: E402
+from workers.engines.base import BlendRequest  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
 from workers.fuser import Fuser  # noqa: E402
-from workers.fusion.base import FusionOptions  # noqa: E402
-from workers.sampling import SamplingParams  # noqa: E402
+from workers.fusion.base import CraftOptions, FusionOptions  # noqa: E402
+from workers.generation.sampling import SamplingParams  # noqa: E402
 from workers.vllm import handoff  # noqa: E402
 
 NUM_TOKENS = 12
@@ -154,7 +154,8 @@ def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_t
     # same request again reads every chunk after the first from KV computed after its very context: of the
     # injected KV only the last token is recomputed, and the answer is full prefill's (float32: operation order).
     rules = VariantRules(create_above=0.0, create_after_sightings=1)
-    fuser = Fuser(vllm_engine.fuser.runner, FusionOptions(craft_stop_after=None), variants=VariantIndex(rules))
+    options = FusionOptions(craft=CraftOptions(stop_after=None))
+    fuser = Fuser(vllm_engine.fuser.runner, options, variants=VariantIndex(rules))
     engine = vllm_engine.with_fuser(fuser)
     docs, question = records[0]
     engine.store_documents(docs, "variants")

@@ -1,0 +1,1 @@
+"""The HTTP edge: request and response models, the response writer, callers, tenants."""

@@ -1,0 +1,1 @@
+"""`blendserve bench serve`: the serving benchmark's workload, client, systems and metrics."""

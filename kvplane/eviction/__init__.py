@@ -1,0 +1,1 @@
+"""Eviction and admission policies of a tier: LRU, W-TinyLFU, impact-aware LFU, shares."""

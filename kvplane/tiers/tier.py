@@ -1,0 +1,43 @@
+"""The storage interface every tier implements: blobs by key, whole or by byte range."""
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+
+class TierError(OSError):
+    """A tier's backend failed (unreachable, refused); the store counts it and treats it as a miss."""
+
+
+class Tier(Protocol):
+    """One storage level holding blobs (1-D uint8 tensors) by key."""
+
+    # `put` may keep the blob it is given (callers never mutate a blob after handing it over), and
+    # `read` returns a buffer the caller owns.
+
+    name: str
+    capacity_bytes: int
+
+    def put(self, key: str, blob: torch.Tensor) -> None:
+        """Store `blob` under `key`, atomically: a reader sees the old state or the whole new blob."""
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
+        """Bytes `[start, end)` of the blob (to its end if `end` is None), or None if absent."""
+
+    def delete(self, key: str) -> None:
+        """Remove `key` if present."""
+
+    def contains(self, key: str) -> bool:
+        """Whether `key` is present."""
+
+    def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """Keys starting with `prefix`, with their blob sizes."""
+
+    def sweep_temporaries(self, older_than_s: float) -> int:
+        """Delete leftovers of writes that never finished, older than `older_than_s`; returns how many."""
+
+    def hit_label(self) -> str | None:
+        """Which inner tier served this thread's last whole-blob read (a tier over tiers); None for any other."""
+
+    def label_of(self, key: str) -> str | None:
+        """Which inner tier holds `key`, or None (a tier over tiers); any other tier answers its own name unasked."""

@@ -1,0 +1,1 @@
+"""A discrete-event cluster model for projecting routing policies to more nodes."""

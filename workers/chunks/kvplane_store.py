@@ -1,0 +1,71 @@
+"""Chunk KV kept in kvplane's tiered store, keyed by content under the model fingerprint and a tenant."""
+import xxhash
+
+from kvplane.entry import KVEntry
+from kvplane.keys import chunk_key
+from kvplane.store import TieredStore
+from workers.chunks.impact import ImpactBook
+from workers.chunks.kv import ChunkKV, ChunkLayers
+from workers.chunks.store import DEFAULT_NAMESPACE
+
+
+def chunk_store_key(fingerprint: str, namespace: str, token_ids: list[int], context_ids: list[int]) -> str:
+    """Content key; KV computed after a context differs from KV computed alone, so the context is in it."""
+    if context_ids:
+        context = b"".join(t.to_bytes(4, "little") for t in context_ids)
+        namespace = f"{namespace}\0context:{xxhash.xxh3_128_hexdigest(context)}"
+    return chunk_key(fingerprint, namespace, token_ids)
+
+
+class KVPlaneChunkStore:
+    """The engine's ChunkStore over a TieredStore: RAM, SSD and object tiers, misses written back.
+
+    Each chunk's context impact is kept beside it (`impacts`, this worker's uses) and handed to the tiers'
+    policies, so one that weighs impact (impact_tinylfu) keeps the chunks that save the most.
+    """
+
+    def __init__(self, tiered: TieredStore, fingerprint: str) -> None:
+        self.tiered = tiered
+        self.fingerprint = fingerprint
+        self.impacts = ImpactBook()
+
+    def note_impact(self, key: str, impact: float) -> None:
+        """Tell the tiers' policies a chunk's mean impact so far."""
+        self.tiered.note_impact(key, impact)
+
+    def key(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> str:
+        """The key this store files the chunk under."""
+        return chunk_store_key(self.fingerprint, namespace, token_ids, context_ids)
+
+    def get(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> ChunkKV | None:
+        """The stored chunk, or None on a miss (a damaged entry is already a miss inside the store)."""
+        entry = self.tiered.get(self.key(token_ids, context_ids, namespace))
+        if entry is None or entry.token_ids != list(token_ids):
+            return None
+        return ChunkKV(entry.token_ids, entry.kv, len(context_ids), entry.source)
+
+    def read_layers(
+        self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE, tier: str | None = None
+    ) -> ChunkLayers | None:
+        """The stored chunk as a layer stream from `tier` (or the fastest tier holding it), or None on a miss."""
+        stream = self.tiered.read_layers(self.key(token_ids, context_ids, namespace), tier)
+        if stream is None or stream.token_ids != list(token_ids):
+            return None
+        return ChunkLayers(stream.token_ids, iter(stream), stream.num_layers, len(context_ids), stream.tier)
+
+    def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Write the chunk to the top tier now and to the lower tiers in the background."""
+        key = self.key(chunk.token_ids, context_ids, namespace)
+        self.tiered.put(KVEntry(key, chunk.kv.contiguous(), list(chunk.token_ids), self.fingerprint))
+
+    def delete(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Drop the chunk from every tier (a variant no longer indexed)."""
+        self.tiered.delete(self.key(token_ids, context_ids, namespace))
+
+    def tiers_of(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+        """The tiers holding the chunk, fastest first."""
+        return self.tiered.tiers_holding(self.key(token_ids, context_ids, namespace))
+
+    def flush(self) -> None:
+        """Finish the background writes to the lower tiers."""
+        self.tiered.flush()

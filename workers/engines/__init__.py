@@ -1,0 +1,1 @@
+"""The engine interface and the reference torch engine."""

@@ -1,0 +1,225 @@
+"""What a worker serves through: the request and result types, the one request check, and the Engine interface."""
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from kvplane.checks import check_count
+from workers.chunks.store import DEFAULT_NAMESPACE
+from workers.fusion.base import FusionMode
+from workers.generation.prompt import PromptLayout
+from workers.generation.sampling import SamplingParams
+from workers.model.runner import ModelRunner
+
+
+@dataclass(frozen=True, slots=True)
+class BlendRequest:
+    """A question over documents (each document is one chunk, in prompt order), under a tenant's namespace."""
+
+    documents: list[str]
+    question: str
+    mode: str = "cacheblend"
+    recompute_ratio: float | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    namespace: str = DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What an engine can take: its real context (prompt plus generated tokens) and its fusion modes."""
+
+    max_context_tokens: int
+    modes: frozenset[str]
+
+    def __post_init__(self) -> None:
+        check_count("max_context_tokens", self.max_context_tokens, 1)
+
+
+class RequestError(ValueError):
+    """A request an engine cannot serve as asked; `field` names what is wrong (mode, recompute_ratio, prompt)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+
+
+def check_request(request: BlendRequest, num_prompt_tokens: int, limits: EngineLimits) -> None:
+    """Refuse what `limits` cannot serve; the gateway and both engines run this same check."""
+    if request.mode not in limits.modes:
+        raise RequestError("mode", f"unknown fusion mode {request.mode!r}; choose from {sorted(limits.modes)}")
+    ratio = request.recompute_ratio
+    if ratio is not None and not 0.0 <= ratio <= 1.0:
+        raise RequestError("recompute_ratio", f"recompute_ratio must be in [0, 1], got {ratio}")
+    needed = num_prompt_tokens + request.sampling.max_new_tokens
+    if needed > limits.max_context_tokens:
+        raise RequestError(
+            "prompt",
+            f"the prompt of {num_prompt_tokens} tokens (with its documents) plus max_tokens "
+            f"{request.sampling.max_new_tokens} exceeds the model's context of {limits.max_context_tokens} tokens",
+        )
+
+
+class FusionCore(Protocol):
+    """What an engine needs of the fusion core it composes (workers.fuser.Fuser) before it fuses."""
+
+    runner: ModelRunner
+    modes: Mapping[str, FusionMode]
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer."""
+
+    def layout(self, documents: list[str], question: str) -> PromptLayout:
+        """Token layout of a request under the template."""
+
+    def ratio_for(self, requested: float | None) -> float:
+        """A request's ratio, or the configured default when it asks for none."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A checked request laid out: its prompt, recompute ratio and sampling (stop tokens filled in)."""
+
+    prompt: PromptLayout
+    ratio: float
+    sampling: SamplingParams
+
+
+@dataclass(slots=True)
+class PrefillStats:
+    """How the prompt's KV was produced, known once the first token's logits are."""
+
+    mode: str
+    recompute_ratio: float
+    ttft_s: float
+    num_prompt_tokens: int
+    context_tokens: int
+    reused_tokens_by_tier: dict[str, int]
+    recomputed_tokens: int
+    recomputed_fraction: float
+    first_token_logprobs: torch.Tensor  # [V] float32
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens whose cached KV was reused, from any tier."""
+        return sum(self.reused_tokens_by_tier.values())
+
+
+def prefill_stats(
+    *,
+    mode: str,
+    recompute_ratio: float,
+    ttft_s: float,
+    num_prompt_tokens: int,
+    context_tokens: int,
+    fused_tokens: int,
+    fused_fraction: float,
+    reused_tokens_by_tier: dict[str, int],
+    first_token_logprobs: torch.Tensor,
+) -> PrefillStats:
+    """Stats when a fusion filled the first `fused_tokens` context tokens, recomputing `fused_fraction` of them."""
+    computed_after = num_prompt_tokens - fused_tokens
+    if 0 < context_tokens == fused_tokens:  # the whole context fused: its own fraction, exactly
+        fraction = fused_fraction
+    else:
+        fraction = (fused_fraction * fused_tokens + context_tokens - fused_tokens) / max(context_tokens, 1)
+    return PrefillStats(
+        mode=mode,
+        recompute_ratio=recompute_ratio,
+        ttft_s=ttft_s,
+        num_prompt_tokens=num_prompt_tokens,
+        context_tokens=context_tokens,
+        reused_tokens_by_tier=reused_tokens_by_tier,
+        recomputed_tokens=round(fused_fraction * fused_tokens) + computed_after,
+        recomputed_fraction=fraction,
+        first_token_logprobs=first_token_logprobs,
+    )
+
+
+@dataclass(slots=True)
+class BlendResult:
+    """The answer and what it cost."""
+
+    token_ids: list[int]
+    text: str
+    stats: PrefillStats
+
+
+class Generation:
+    """A prefilled request: its stats now, its tokens as they are decoded; misses are written back at the end."""
+
+    def __init__(self, stats: PrefillStats, tokens: Iterator[int], write_back: Callable[[], None]) -> None:
+        self.stats = stats
+        self._tokens = tokens
+        self._write_back = write_back
+
+    def __iter__(self) -> Iterator[int]:
+        try:
+            yield from self._tokens
+        finally:
+            # Also when the consumer stops early (a stop string, a closed stream): the KV is already computed.
+            self._write_back()
+
+
+@dataclass(slots=True)
+class StoredChunk:
+    """One document's chunk after `store_documents`: its key, size, whether it was computed now, where it is."""
+
+    num_tokens: int
+    computed: bool
+    key: str = ""
+    tiers: list[str] = field(default_factory=list)
+
+
+class Engine(ABC):
+    """Prefill a RAG request from cached chunk KV, decode it, and keep documents' KV ahead of time."""
+
+    fuser: FusionCore  # the fusion core the engine composes
+    stop_token_ids: tuple[int, ...]  # end-of-sequence ids used when a request names none
+    max_concurrent_jobs: int = 1  # jobs its worker may run at once (an engine that batches says more)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The served model's tokenizer."""
+        return self.fuser.tokenizer
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine computes and caches KV in (its fusion's and its decoder's)."""
+        return self.fuser.runner.dtype
+
+    @property
+    @abstractmethod
+    def limits(self) -> EngineLimits:
+        """Its real context limit and the modes it serves (what check_request holds requests to)."""
+
+    @abstractmethod
+    def open(self, request: BlendRequest) -> Generation:
+        """Prefill `request`; the generation yields token ids as they are decoded."""
+
+    def prepare(self, request: BlendRequest) -> PreparedRequest:
+        """Lay `request` out and check it against the limits; its ratio, and its stop tokens or the model's."""
+        prompt = self.fuser.layout(request.documents, request.question)
+        check_request(request, len(prompt.token_ids), self.limits)
+        sampling = request.sampling
+        if not sampling.stop_token_ids:
+            sampling = replace(sampling, stop_token_ids=self.stop_token_ids)
+        return PreparedRequest(prompt, self.fuser.ratio_for(request.recompute_ratio), sampling)
+
+    def generate(self, request: BlendRequest) -> BlendResult:
+        """Answer one request in full; misses are written back after the answer."""
+        generation = self.open(request)
+        token_ids = list(generation)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
+        return BlendResult(token_ids, text, generation.stats)
+
+    @abstractmethod
+    def store_documents(self, documents: list[str], namespace: str) -> list[StoredChunk]:
+        """Compute (if missing) and store each document's chunk KV, in order."""
+
+    def close(self) -> None:
+        """Release what the engine holds (threads, a vLLM engine); nothing by default."""
+

@@ -1,0 +1,1 @@
+"""The baseline fusion modes: full prefill, prefix caching, full reuse and EPIC."""

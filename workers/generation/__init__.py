@@ -1,0 +1,1 @@
+"""From prompt to text: prompt layout, sampling, decoding and text streaming."""

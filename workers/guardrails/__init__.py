@@ -1,0 +1,1 @@
+"""A worker's quality guardrails: the canary gate and shadow comparison."""
