@@ -22,9 +22,9 @@ def head_container(service: dict[str, Any]) -> dict[str, Any]:
     return service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
 
 
-def serve_service(service: dict[str, Any]) -> dict[str, Any]:
-    """The Service KubeRay creates for HTTP traffic to the cluster's healthy Serve proxies."""
-    cluster = cluster_name(service)
+def serve_service(service: dict[str, Any], cluster: str | None = None) -> dict[str, Any]:
+    """The Service KubeRay creates for HTTP traffic to the Serve proxies of `cluster` (its RayCluster's name)."""
+    cluster = cluster or cluster_name(service)
     # With the incremental upgrade every cluster gets its own Service, named after the cluster, behind the Gateway.
     owner = cluster if is_incremental(service) else service["metadata"]["name"]
     labels = {

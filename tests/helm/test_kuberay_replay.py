@@ -23,6 +23,7 @@ import yaml
 
 from kvplane.tiers.local_s3 import LocalS3, create_bucket, s3_storage_options
 from tests.helm.kuberay_replay import RayServiceReplay, replica_ids
+from tests.helm.kuberay_services import serve_service
 from tests.helm.pod_network import PodNetwork
 from tests.helm.pod_sandbox import Image, Pod
 from tests.helm.rendering import manifests, of_kind, one
@@ -48,13 +49,8 @@ def _api_key(objects: list[dict[str, Any]]) -> str:
 
 
 def _services(objects: list[dict[str, Any]], service: dict[str, Any], cluster: str) -> list[dict[str, Any]]:
-    """The chart's Services and the serve Service KubeRay makes from serveService (BuildServeService)."""
-    found = copy.deepcopy(of_kind(objects, "Service"))
-    serve = copy.deepcopy(service["spec"].get("serveService"))
-    if serve is not None:
-        serve["spec"]["selector"] = {"ray.io/cluster": cluster, "ray.io/serve": "true"}
-        found.append(serve)
-    return found
+    """The chart's Services and the serve Service KubeRay makes for `cluster` (BuildServeService)."""
+    return of_kind(objects, "Service") + [serve_service(service, cluster)]
 
 
 def image_uid(pod: Pod) -> int:
@@ -173,7 +169,7 @@ def _replay(replay: RayServiceReplay, values: dict[str, Any], objects: list[dict
         assert passed, f"{pod.name}: livenessProbe fails: {seen}"
 
     # `helm test`: the hook pod calls the serve Service by name, which cluster DNS resolves to the serving pods.
-    serve_name = service["spec"]["serveService"]["metadata"]["name"]
+    serve_name = serve_service(service, replay.cluster_name)["metadata"]["name"]
     hosts = {serve_name: worker.ip, f"{serve_name}.{replay.namespace}.svc.cluster.local": worker.ip}
     (hook,) = [p for p in of_kind(objects, "Pod") if p["metadata"]["annotations"].get("helm.sh/hook") == "test"]
     code, output = replay.run_pod(hook, hosts, timeout_s=300)
