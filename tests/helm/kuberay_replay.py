@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from tests.helm import kuberay_pod as kuberay
+from tests.helm.kuberay_services import selects
 from tests.helm.pod_network import PodNetwork
 from tests.helm.pod_sandbox import Image, Pod, PodVolumes
 
@@ -157,7 +158,7 @@ class RayServiceReplay:
 
     def pods_matching(self, selector: dict[str, str]) -> list[Pod]:
         """The pods a Service's label selector picks."""
-        return [pod for pod in self.pods if all(pod.labels.get(k) == v for k, v in selector.items())]
+        return [pod for pod in self.pods if selects(selector, pod.labels)]
 
     def stop(self) -> None:
         for pod in reversed(self.pods):

@@ -5,6 +5,8 @@ Facts from ray-operator/controllers/ray/common/service.go BuildServeService and 
 import copy
 from typing import Any
 
+from tests.helm.kuberay_pod import HEAD_GROUP, pod_labels
+
 INCREMENTAL = "NewClusterWithIncrementalUpgrade"
 # KubeRay names each RayCluster of a RayService <RayService name>-<random suffix>.
 CLUSTER_SUFFIX = "x7k2p"
@@ -57,14 +59,13 @@ def serve_service(service: dict[str, Any], cluster: str | None = None) -> dict[s
 def pods(service: dict[str, Any]) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
     """(kind, labels, Ray container) of the head pod and one pod of each worker group, proxies healthy."""
     cluster_spec = service["spec"]["rayClusterConfig"]
-    kuberay = {"ray.io/cluster": cluster_name(service), "ray.io/serve": "true"}
+    cluster, serving = cluster_name(service), {"ray.io/serve": "true"}
     head = cluster_spec["headGroupSpec"]["template"]
-    found = [("head", {**head["metadata"]["labels"], **kuberay, "ray.io/node-type": "head"},
+    found = [("head", {**pod_labels(head["metadata"]["labels"], cluster, True, HEAD_GROUP), **serving},
               head["spec"]["containers"][0])]
     for group in cluster_spec.get("workerGroupSpecs", []):
         template = group["template"]
-        labels = {**template["metadata"]["labels"], **kuberay, "ray.io/node-type": "worker",
-                  "ray.io/group": group["groupName"]}
+        labels = {**pod_labels(template["metadata"]["labels"], cluster, False, group["groupName"]), **serving}
         found.append(("worker", labels, template["spec"]["containers"][0]))
     return found
 
