@@ -18,10 +18,10 @@ class PreparedRequest:
 
 
 def prepare_request(request: ChatCompletionRequest | CompletionRequest, config: ServeConfig) -> PreparedRequest:
-    """Documents in order, the question, mode and ratio (request, else configured defaults) and sampling."""
+    """Documents in order, the question, mode and recompute_ratio (request, else configured defaults) and sampling."""
     options = request.blend
     mode = options.mode if options is not None and options.mode is not None else config.fusion.mode
-    ratio = options.recompute_ratio if options is not None else None
+    recompute_ratio = options.recompute_ratio if options is not None else None
     max_tokens = request.requested_max_tokens
     sampling = SamplingParams(
         max_new_tokens=config.limits.default_max_tokens if max_tokens is None else max_tokens,
@@ -34,7 +34,7 @@ def prepare_request(request: ChatCompletionRequest | CompletionRequest, config: 
         documents=[document.text for document in request.documents],
         question=request.question,
         mode=mode,
-        recompute_ratio=config.fusion.recompute_ratio if ratio is None else ratio,
+        recompute_ratio=config.fusion.recompute_ratio if recompute_ratio is None else recompute_ratio,
         sampling=sampling,
     )
     return PreparedRequest(blend, request.stop, request.stream, request.include_usage)

@@ -34,7 +34,7 @@ class FusedPrompt:
     prefill: PrefillResult
     layout: BlendLayout
     mode: FusionMode
-    ratio: float  # the ratio the pass ran at: the controller's choice, or raised by the check layer
+    recompute_ratio: float  # the recompute_ratio the pass ran at: the controller's choice, or raised by the check layer
 
     def reused_tokens_by_tier(self, end: int | None = None) -> dict[str, int]:
         """Tokens of reused KV before position `end` (all by default), per tier they were found in."""
@@ -55,7 +55,7 @@ class FusedPrompt:
 class Fuser:
     """One model's fusion: the runner it computes with, its modes, chunk store, prompt template and KV loader.
 
-    With a `controller`, each request's ratio and per-chunk tier or recompute follow its plan. With
+    With a `controller`, each request's recompute_ratio and per-chunk tier or recompute follow its plan. With
     `blending_refused` (the canary gate failed), every mode that reads cached chunks serves full prefill.
     `modes`: the registry requests choose from by name (every registered mode by default). With `variants`,
     chunks are read from their best-fitting variant, and write-back makes variants where they would pay off.
@@ -104,9 +104,9 @@ class Fuser:
         """Token layout of a request under the template."""
         return self.template.layout(documents, question)
 
-    def ratio_for(self, requested: float | None) -> float:
-        """A request's ratio, or the configured default when it asks for none."""
-        return self.options.recompute_ratio if requested is None else requested
+    def ratio_for(self, recompute_ratio: float | None) -> float:
+        """A request's recompute_ratio, or the configured default when it asks for none."""
+        return self.options.recompute_ratio if recompute_ratio is None else recompute_ratio
 
     def precompute(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""
@@ -130,7 +130,7 @@ class Fuser:
         self,
         prompt: PromptLayout,
         mode_name: str,
-        ratio: float,
+        recompute_ratio: float,
         namespace: str = DEFAULT_NAMESPACE,
         cache: KVCache | None = None,
         kv_end: int | None = None,
@@ -145,10 +145,10 @@ class Fuser:
             raise ValueError(f"a cache of {cache.capacity} slots cannot hold the {kv_end} this prompt needs")
         mode = self.modes[mode_name]
         try:
-            return self._fuse_once(prompt, mode, ratio, cache, namespace, kv_end)
+            return self._fuse_once(prompt, mode, recompute_ratio, cache, namespace, kv_end)
         except ChunkLost as err:  # a chunk vanished mid-stream from every tier: look everything up again
             _log.warning("blendserve: %s; retrying the request's lookups", err)
-            return self._fuse_once(prompt, mode, ratio, cache, namespace, kv_end)
+            return self._fuse_once(prompt, mode, recompute_ratio, cache, namespace, kv_end)
 
     def has_write_back(self, fused: FusedPrompt) -> bool:
         """Whether write_back would store anything: a missed part, or (with variants) a chunk-reading pass."""
@@ -183,15 +183,21 @@ class Fuser:
             start += len(ids)
 
     def _fuse_once(
-        self, prompt: PromptLayout, mode: FusionMode, ratio: float, cache: KVCache, namespace: str, kv_end: int
+        self,
+        prompt: PromptLayout,
+        mode: FusionMode,
+        recompute_ratio: float,
+        cache: KVCache,
+        namespace: str,
+        kv_end: int,
     ) -> FusedPrompt:
-        lookup = self._lookup(prompt, mode.reads_chunk_cache, namespace, ratio, kv_end)
+        lookup = self._lookup(prompt, mode.reads_chunk_cache, namespace, recompute_ratio, kv_end)
         observe = self.controller.observe if self.controller is not None else ignore_fetch
         with self.loader.start(lookup.layout, cache, self.runner.rerotate_keys, observe) as feed:
-            prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.ratio, feed)
-        used = lookup.ratio if prefill.recompute_ratio is None else prefill.recompute_ratio
+            prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.recompute_ratio, feed)
+        recompute_ratio = lookup.recompute_ratio if prefill.recompute_ratio is None else prefill.recompute_ratio
         self._record_impacts(prompt, lookup.layout, prefill, namespace)
-        return FusedPrompt(cache, prefill, lookup.layout, mode, used)
+        return FusedPrompt(cache, prefill, lookup.layout, mode, recompute_ratio)
 
     def _record_impacts(
         self, prompt: PromptLayout, layout: BlendLayout, prefill: PrefillResult, namespace: str
@@ -204,10 +210,12 @@ class Fuser:
                 record_impact(self.store, ids, context, namespace, prefill.chunk_impacts[seg.start])
 
     def _lookup(
-        self, prompt: PromptLayout, reads_cache: bool, namespace: str, ratio: float, kv_end: int
+        self, prompt: PromptLayout, reads_cache: bool, namespace: str, recompute_ratio: float, kv_end: int
     ) -> LookupResult:
         if not reads_cache:
-            return LookupResult(BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None, kv_end=kv_end), ratio)
+            return LookupResult(
+                BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None, kv_end=kv_end), recompute_ratio
+            )
         cfg = self.runner.config
         layer_bytes_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * self.runner.dtype.itemsize
         return lookup_layout(
@@ -215,7 +223,7 @@ class Fuser:
             prompt,
             sources=self.sources,
             namespace=namespace,
-            ratio=ratio,
+            recompute_ratio=recompute_ratio,
             controller=self.controller,
             layer_bytes_per_token=layer_bytes_per_token,
             kv_end=kv_end,

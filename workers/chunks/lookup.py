@@ -13,10 +13,10 @@ from workers.loading.plan import ChunkPlacement, LoadingPlan
 
 @dataclass(frozen=True, slots=True)
 class LookupResult:
-    """The layout with its cached parts opened, the ratio to run at, and the plan that chose them (if any)."""
+    """The layout with its cached parts opened, the recompute_ratio to run at, and the plan that chose them (if any)."""
 
     layout: BlendLayout
-    ratio: float
+    recompute_ratio: float
     plan: LoadingPlan | None = None
 
 
@@ -26,7 +26,7 @@ def lookup_layout(
     *,
     sources: ChunkSources,
     namespace: str,
-    ratio: float,
+    recompute_ratio: float,
     controller: LoadingController | None = None,
     layer_bytes_per_token: int = 0,
     kv_end: int | None = None,
@@ -34,7 +34,7 @@ def lookup_layout(
 ) -> LookupResult:
     """Open every cached part (prefix and chunks); with a controller, from its chosen tier or not at all.
 
-    `sources` says which stored version each part reads at its place; the request's ratio is the
+    `sources` says which stored version each part reads at its place; the request's recompute_ratio is the
     controller's floor for this request; the pass computes KV for the first `kv_end` tokens (None: all). Each
     opened chunk carries its stored context impact, where a use has measured one. With `variants`, a chunk is read
     from its best-fitting variant where one fits well enough.
@@ -57,8 +57,8 @@ def lookup_layout(
             for index, ids in parts
         ]
         question_tokens = kv_end - (len(prompt.token_ids) - len(prompt.suffix_ids))  # computed by the pass
-        plan = controller.plan(placements, max(question_tokens, 0), ratio)
-        ratio = plan.ratio
+        plan = controller.plan(placements, max(question_tokens, 0), recompute_ratio)
+        recompute_ratio = plan.recompute_ratio
         for (index, _), placement, action in zip(parts, placements, plan.actions):
             tiers[index] = action.tier
             if action.recompute and placement.tiers:
@@ -84,7 +84,7 @@ def lookup_layout(
         frozenset(skipped),
         kv_end,
     )
-    return LookupResult(layout, ratio, plan)
+    return LookupResult(layout, recompute_ratio, plan)
 
 
 def open_variant(

@@ -50,9 +50,9 @@ def check_request(request: BlendRequest, num_prompt_tokens: int, limits: EngineL
     """Refuse what `limits` cannot serve; the gateway and both engines run this same check."""
     if request.mode not in limits.modes:
         raise RequestError("mode", f"unknown fusion mode {request.mode!r}; choose from {sorted(limits.modes)}")
-    ratio = request.recompute_ratio
-    if ratio is not None and not 0.0 <= ratio <= 1.0:
-        raise RequestError("recompute_ratio", f"recompute_ratio must be in [0, 1], got {ratio}")
+    recompute_ratio = request.recompute_ratio
+    if recompute_ratio is not None and not 0.0 <= recompute_ratio <= 1.0:
+        raise RequestError("recompute_ratio", f"recompute_ratio must be in [0, 1], got {recompute_ratio}")
     needed = num_prompt_tokens + request.sampling.max_new_tokens
     if needed > limits.max_context_tokens:
         raise RequestError(
@@ -75,8 +75,8 @@ class FusionCore(Protocol):
     def layout(self, documents: list[str], question: str) -> PromptLayout:
         """Token layout of a request under the template."""
 
-    def ratio_for(self, requested: float | None) -> float:
-        """A request's ratio, or the configured default when it asks for none."""
+    def ratio_for(self, recompute_ratio: float | None) -> float:
+        """A request's recompute_ratio, or the configured default when it asks for none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,7 @@ class PreparedRequest:
     """A checked request laid out: its prompt, recompute ratio and sampling (stop tokens filled in)."""
 
     prompt: PromptLayout
-    ratio: float
+    recompute_ratio: float
     sampling: SamplingParams
 
 
@@ -222,4 +222,3 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release what the engine holds (threads, a vLLM engine); nothing by default."""
-

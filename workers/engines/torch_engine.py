@@ -71,12 +71,12 @@ class TorchEngine(Engine):
         prompt, sampling = prepared.prompt, prepared.sampling
         runner = self.fuser.runner
         cache = runner.new_cache(len(prompt.token_ids) + sampling.max_new_tokens)
-        fused = self.fuser.fuse(prompt, request.mode, prepared.ratio, request.namespace, cache)
+        fused = self.fuser.fuse(prompt, request.mode, prepared.recompute_ratio, request.namespace, cache)
         first_logits = runner.logits(fused.prefill.last_hidden[None])[0]
         layout = fused.layout
         stats = prefill_stats(
             mode=fused.mode.name,
-            recompute_ratio=fused.ratio,
+            recompute_ratio=fused.recompute_ratio,
             ttft_s=time.perf_counter() - start_s,
             num_prompt_tokens=layout.num_tokens,
             context_tokens=layout.num_context_tokens,

@@ -65,7 +65,7 @@ class FallbackOptions:
     """Cacheblend's fallback where the check layer's deviation is not sparse (workers/fusion/cacheblend.py)."""
 
     min_coverage: float = 0.0  # share of the check layer's deviation the kept set must hold (0: off)
-    full_above: float = 0.5  # a needed ratio above this recomputes in full
+    full_above: float = 0.5  # a needed recompute_ratio above this recomputes in full
 
     def __post_init__(self) -> None:
         check(0.0 <= self.min_coverage <= 1.0, "fallback.min_coverage", "in [0, 1]", self.min_coverage)
@@ -102,7 +102,7 @@ class FusionOptions:
 
 
 def check_filter_schedule(layers: tuple[int, ...], multipliers: tuple[float, ...], first_layer: int) -> None:
-    """Filter layers strictly ascending from `first_layer` on, each with a multiplier of the ratio >= 1."""
+    """Filter layers strictly ascending from `first_layer` on, each with a multiplier of the recompute_ratio >= 1."""
     check(
         len(layers) == len(multipliers) and len(layers) > 0,
         "filter_layers, filter_multipliers",
@@ -128,24 +128,29 @@ class FusionMode(ABC):
         self.options = options
 
     def prefill(
-        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+        self,
+        runner: ModelRunner,
+        layout: BlendLayout,
+        cache: KVCache,
+        recompute_ratio: float,
+        feed: LayerFeed | None = None,
     ) -> PrefillResult:
         """Recompute the tokens this mode chooses over the cached KV (placed first, or arriving through `feed`)."""
         if self.reads_chunk_cache and feed is None:
             layout.load_cached(cache, runner.rerotate_keys)
-        narrow = (lambda step: self.narrow(step, ratio)) if self.narrows else None
-        return selective_prefill(runner, layout, cache, self.initial(layout, ratio), narrow, feed)
+        narrow = (lambda step: self.narrow(step, recompute_ratio)) if self.narrows else None
+        return selective_prefill(runner, layout, cache, self.initial(layout, recompute_ratio), narrow, feed)
 
     @property
     def narrows(self) -> bool:
         """Whether the mode shrinks the recomputed set during the pass."""
         return type(self).narrow is not FusionMode.narrow
 
-    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
+    def initial(self, layout: BlendLayout, recompute_ratio: float) -> torch.Tensor:
         """Ascending positions recomputed from layer 0 (always including layout.forced); by default all."""
         return all_positions(layout)
 
-    def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
+    def narrow(self, step: LayerStep, recompute_ratio: float) -> torch.Tensor | None:
         """Indices into step.positions kept past this layer; None keeps all."""
         return None
 

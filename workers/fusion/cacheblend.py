@@ -20,7 +20,7 @@ _log = logging.getLogger(__name__)
 class _RequestRatio:
     """The ratio one request runs at (the check layer may raise it) and how concentrated its deviation was there."""
 
-    value: float
+    recompute_ratio: float
     coverage: float | None = None
 
 
@@ -28,27 +28,32 @@ class CacheBlend(FusionMode):
     """Layer 0 in full; at each filter layer rank the still-recomputed tokens by KV deviation and keep the top.
 
     At the first filter layer (the check layer) a request whose deviation is not concentrated enough for
-    the ratio (FusionOptions.fallback.min_coverage) runs at a higher ratio, or in full.
+    the recompute_ratio (FusionOptions.fallback.min_coverage) runs at a higher recompute_ratio, or in full.
     """
 
     name = "cacheblend"
 
     def prefill(
-        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+        self,
+        runner: ModelRunner,
+        layout: BlendLayout,
+        cache: KVCache,
+        recompute_ratio: float,
+        feed: LayerFeed | None = None,
     ) -> PrefillResult:
-        """The selective pass with this request's ratio, reported in the result when the check layer raised it."""
+        """The selective pass at this request's ratio, reported in the result when the check layer raised it."""
         if feed is None:
             layout.load_cached(cache, runner.rerotate_keys)
-        state = _RequestRatio(ratio)
+        state = _RequestRatio(recompute_ratio)
         result = selective_prefill(
-            runner, layout, cache, self.initial(layout, ratio), lambda step: self._narrow(step, state), feed
+            runner, layout, cache, self.initial(layout, recompute_ratio), lambda step: self._narrow(step, state), feed
         )
-        result.recompute_ratio = state.value
+        result.recompute_ratio = state.recompute_ratio
         result.check_coverage = state.coverage
         return result
 
-    def narrow(self, step: LayerStep, ratio: float) -> torch.Tensor | None:
-        return self._narrow(step, _RequestRatio(ratio))
+    def narrow(self, step: LayerStep, recompute_ratio: float) -> torch.Tensor | None:
+        return self._narrow(step, _RequestRatio(recompute_ratio))
 
     def _narrow(self, step: LayerStep, state: _RequestRatio) -> torch.Tensor | None:
         opts = self.options
@@ -60,15 +65,21 @@ class CacheBlend(FusionMode):
         deviation = step_deviation(step, opts.deviation_metric)
         if step.layer == opts.filter_layers[0]:
             reusable = deviation[~forced]
-            state.coverage = coverage(reusable, ratio_count(min(1.0, state.value * multiplier), reusable.numel()))
-            raised = escalated_ratio(
-                reusable, state.value, multiplier, opts.fallback.min_coverage, opts.fallback.full_above
+            state.coverage = coverage(
+                reusable, ratio_count(min(1.0, state.recompute_ratio * multiplier), reusable.numel())
             )
-            if raised > state.value:
-                _log.info("cacheblend: deviation not sparse at layer %d; ratio %.2f -> %.2f", step.layer,
-                          state.value, raised)
-                state.value = raised
-        num_keep = ratio_count(min(1.0, state.value * multiplier), num_reusable)
+            raised = escalated_ratio(
+                reusable, state.recompute_ratio, multiplier, opts.fallback.min_coverage, opts.fallback.full_above
+            )
+            if raised > state.recompute_ratio:
+                _log.info(
+                    "cacheblend: deviation not sparse at layer %d; recompute_ratio %.2f -> %.2f",
+                    step.layer,
+                    state.recompute_ratio,
+                    raised,
+                )
+                state.recompute_ratio = raised
+        num_keep = ratio_count(min(1.0, state.recompute_ratio * multiplier), num_reusable)
         return keep_top_spans(deviation, forced, num_keep, step.positions, opts.selection_span_tokens)
 
 

@@ -58,14 +58,21 @@ class CacheCraft(FusionMode):
         self.scout_all_layers = options.craft.placement == "pooled"  # pooled shares go where the question reads
 
     def prefill(
-        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+        self,
+        runner: ModelRunner,
+        layout: BlendLayout,
+        cache: KVCache,
+        recompute_ratio: float,
+        feed: LayerFeed | None = None,
     ) -> PrefillResult:
         """Plan from stored impacts and the question's scout, then the selective pass; reports measured impacts."""
         if feed is None:
             layout.load_cached(cache, runner.rerotate_keys)
         plan = self.plan(runner, layout, cache, feed)
-        initial = self.upfront(layout, plan, ratio) if plan.upfront else self.initial_positions(layout, plan)
-        result = selective_prefill(runner, layout, cache, initial, lambda step: self._narrow(step, ratio, plan), feed)
+        initial = self.upfront(layout, plan, recompute_ratio) if plan.upfront else self.initial_positions(layout, plan)
+        result = selective_prefill(
+            runner, layout, cache, initial, lambda step: self._narrow(step, recompute_ratio, plan), feed
+        )
         result.chunk_impacts = dict(plan.measured)
         return result
 
@@ -94,27 +101,27 @@ class CacheCraft(FusionMode):
         relevance = (attention / attention.sum(dim=1, keepdim=True).clamp_min(1e-30)).sum(dim=0) if all_layers else None
         return CraftPlan(chunks, stored, unfocused, {}, relevance, upfront)
 
-    def upfront(self, layout: BlendLayout, plan: CraftPlan, ratio: float) -> torch.Tensor:
+    def upfront(self, layout: BlendLayout, plan: CraftPlan, recompute_ratio: float) -> torch.Tensor:
         """With every chunk's impact stored: each chunk's share by its impact, the question's most read spans. # [S]"""
         assert plan.relevance is not None
         impacts = [impact or 0.0 for impact in plan.stored]
         mean_impact = (sum(impacts) / len(impacts)) or 1.0
         exact = layout.exact_end()
         shares = [
-            0.0 if seg.end <= exact else self.chunk_ratio(impact, seg, ratio, mean_impact)
+            0.0 if seg.end <= exact else self.chunk_ratio(impact, seg, recompute_ratio, mean_impact)
             for seg, impact in zip(plan.chunks, impacts)
         ]
         keep = layout.forced | self.place(plan.relevance, plan.chunks, shares, self.options.selection_span_tokens)
         return keep.nonzero().squeeze(1)
 
-    def chunk_ratio(self, impact: float, seg: Segment, ratio: float, mean_impact: float) -> float:
+    def chunk_ratio(self, impact: float, seg: Segment, recompute_ratio: float, mean_impact: float) -> float:
         """Share of a chunk to recompute: none below cci_reuse_below, all above cci_full_above, else in proportion.
 
         A chunk read from a variant that fits the request by s counts its impact x (1 - s).
         """
         cci = impact * (1.0 - (seg.cached.variant_score if seg.cached is not None else 0.0))
         craft = self.options.craft
-        return chunk_share(cci, ratio, mean_impact, craft.cci_reuse_below, craft.cci_full_above)
+        return chunk_share(cci, recompute_ratio, mean_impact, craft.cci_reuse_below, craft.cci_full_above)
 
     def initial_positions(self, layout: BlendLayout, plan: CraftPlan) -> torch.Tensor:
         """Every position but the exact ones and those of chunks whose stored impact needs no recompute. # [S]"""
@@ -125,20 +132,20 @@ class CacheCraft(FusionMode):
                 skip[seg.start : min(seg.end, layout.kv_end)] = True
         return (~skip | layout.forced).nonzero().squeeze(1)
 
-    def _narrow(self, step: LayerStep, ratio: float, plan: CraftPlan) -> torch.Tensor | None:
+    def _narrow(self, step: LayerStep, recompute_ratio: float, plan: CraftPlan) -> torch.Tensor | None:
         opts = self.options
         alive = torch.zeros(step.layout.kv_end, dtype=torch.bool)
         alive[step.positions] = True
         before = int(alive.sum())
         if step.layer == opts.filter_layers[0] and not plan.upfront:
-            alive &= self._select(step, ratio, plan)
+            alive &= self._select(step, recompute_ratio, plan)
         if step.layer == opts.craft.stop_after:
             alive &= ~plan.unfocused
         if int(alive.sum()) == before:
             return None
         return alive[step.positions].nonzero().squeeze(1)
 
-    def _select(self, step: LayerStep, ratio: float, plan: CraftPlan) -> torch.Tensor:
+    def _select(self, step: LayerStep, recompute_ratio: float, plan: CraftPlan) -> torch.Tensor:
         """Positions kept past the filter layer: forced ones plus each chunk's share by its impact. # [kv_end] bool
 
         Tokens are ranked by the question's attention where the plan scouted it over all layers, else by KV
@@ -159,7 +166,7 @@ class CacheCraft(FusionMode):
         known = [x for x in impacts if x is not None]
         mean_impact = (sum(known) / len(known)) or 1.0
         shares = [
-            self.chunk_ratio(float(measured[i]), seg, ratio, mean_impact) if i in online else 0.0
+            self.chunk_ratio(float(measured[i]), seg, recompute_ratio, mean_impact) if i in online else 0.0
             for i, seg in enumerate(plan.chunks)
         ]
         if plan.relevance is not None:
@@ -199,11 +206,11 @@ def chunk_focus(attention: torch.Tensor, chunks: list[Segment]) -> torch.Tensor:
     return (mass / mass.sum().clamp_min(1e-30)) / (tokens / tokens.sum())
 
 
-def chunk_share(cci: float, ratio: float, mean_impact: float, reuse_below: float, full_above: float) -> float:
+def chunk_share(cci: float, recompute_ratio: float, mean_impact: float, reuse_below: float, full_above: float) -> float:
     """Cache-Craft's share of a chunk to recompute: none below reuse_below, all from full_above, else r x CCI / mean."""
     if cci < reuse_below:
         return 0.0
-    return 1.0 if cci >= full_above else min(1.0, ratio * cci / mean_impact)
+    return 1.0 if cci >= full_above else min(1.0, recompute_ratio * cci / mean_impact)
 
 
 def chunk_context_impact(

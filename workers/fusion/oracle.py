@@ -38,10 +38,12 @@ def per_layer_normalised(error: torch.Tensor) -> torch.Tensor:
     return (error / error.mean(dim=1, keepdim=True).clamp_min(1e-30)).sum(dim=0)
 
 
-def oracle_positions(error: torch.Tensor, forced: torch.Tensor, ratio: float, span_tokens: int) -> torch.Tensor:
+def oracle_positions(
+    error: torch.Tensor, forced: torch.Tensor, recompute_ratio: float, span_tokens: int
+) -> torch.Tensor:
     """Ascending positions: every forced one plus the ratio of the others with the largest error (in spans)."""
     positions = torch.arange(error.shape[0])
-    num_keep = ratio_count(ratio, int((~forced).sum()))
+    num_keep = ratio_count(recompute_ratio, int((~forced).sum()))
     return positions[keep_top_spans(error, forced, num_keep, positions, span_tokens)]
 
 
@@ -60,7 +62,12 @@ class OracleSelection(FusionMode):
         self.rounds = rounds
 
     def prefill(
-        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+        self,
+        runner: ModelRunner,
+        layout: BlendLayout,
+        cache: KVCache,
+        recompute_ratio: float,
+        feed: LayerFeed | None = None,
     ) -> PrefillResult:
         if feed is None:
             layout.load_cached(cache, runner.rerotate_keys)
@@ -74,7 +81,7 @@ class OracleSelection(FusionMode):
         error = layer_kv_error(truth, cache.data[:, :, :num_tokens])  # [L, N]
         span = self.options.selection_span_tokens
         if self.weighting == "iterative":
-            return self._iterative(runner, layout, cache, truth, error, ratio)
+            return self._iterative(runner, layout, cache, truth, error, recompute_ratio)
         if self.weighting == "raw":
             score = error.sum(dim=0)
         elif self.weighting == "per_layer":
@@ -82,11 +89,16 @@ class OracleSelection(FusionMode):
         else:
             attention = question_attention(runner, layout, reference, None, runner.config.num_layers - 1, None)
             score = per_layer_normalised(error * attention)
-        return selective_prefill(runner, layout, cache, oracle_positions(score, layout.forced, ratio, span))
+        return selective_prefill(runner, layout, cache, oracle_positions(score, layout.forced, recompute_ratio, span))
 
     def _iterative(
-        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, truth: torch.Tensor, error: torch.Tensor,
-        ratio: float,
+        self,
+        runner: ModelRunner,
+        layout: BlendLayout,
+        cache: KVCache,
+        truth: torch.Tensor,
+        error: torch.Tensor,
+        recompute_ratio: float,
     ) -> PrefillResult:
         cached = cache.data.clone()  # the placed cached KV, restored before each round's pass
         chosen = layout.forced.clone()
@@ -95,7 +107,9 @@ class OracleSelection(FusionMode):
         result = None
         for round_index in range(1, self.rounds + 1):
             score = per_layer_normalised(error).masked_fill(chosen, 0.0)
-            wanted = ratio_count(ratio * round_index / self.rounds, reusable) - int((chosen & ~layout.forced).sum())
+            wanted = ratio_count(recompute_ratio * round_index / self.rounds, reusable) - int(
+                (chosen & ~layout.forced).sum()
+            )
             chosen[keep_top_spans(score, chosen, wanted, positions, self.options.selection_span_tokens)] = True
             cache.data.copy_(cached)
             result = selective_prefill(runner, layout, cache, chosen.nonzero().squeeze(1))

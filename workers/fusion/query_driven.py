@@ -53,16 +53,23 @@ class QueryDriven(FusionMode):
         self.scoring = scoring if scoring is not None else QueryScoring()
 
     def prefill(
-        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+        self,
+        runner: ModelRunner,
+        layout: BlendLayout,
+        cache: KVCache,
+        recompute_ratio: float,
+        feed: LayerFeed | None = None,
     ) -> PrefillResult:
         """The scout over the cached KV, then the selective pass over the chosen tokens."""
         if feed is None:
             layout.load_cached(cache, runner.rerotate_keys)
         relevance = self.relevance(runner, layout, cache, feed)
         if self.scoring.with_deviation:
-            narrow = lambda step: self._narrow_by_deviation(step, relevance, ratio)  # noqa: E731
+            narrow = lambda step: self._narrow_by_deviation(step, relevance, recompute_ratio)  # noqa: E731
             return selective_prefill(runner, layout, cache, torch.arange(layout.kv_end), narrow, feed)
-        chosen = select_tokens(relevance, layout, ratio, self.options.selection_span_tokens, self.scoring.budget_split)
+        chosen = select_tokens(
+            relevance, layout, recompute_ratio, self.options.selection_span_tokens, self.scoring.budget_split
+        )
         return selective_prefill(runner, layout, cache, chosen, None, feed)
 
     def relevance(
@@ -82,12 +89,16 @@ class QueryDriven(FusionMode):
             per_layer = per_layer / per_layer[:, selectable].sum(dim=1, keepdim=True).clamp_min(1e-30)
         return per_layer.sum(dim=0)
 
-    def _narrow_by_deviation(self, step: LayerStep, relevance: torch.Tensor, ratio: float) -> torch.Tensor | None:
+    def _narrow_by_deviation(
+        self, step: LayerStep, relevance: torch.Tensor, recompute_ratio: float
+    ) -> torch.Tensor | None:
         if step.layer != self.options.filter_layers[0]:
             return None
         deviation = step_deviation(step, self.options.deviation_metric)  # [S] = every position here
         score = relevance.to(deviation.device) * deviation
-        return select_tokens(score, step.layout, ratio, self.options.selection_span_tokens, self.scoring.budget_split)
+        return select_tokens(
+            score, step.layout, recompute_ratio, self.options.selection_span_tokens, self.scoring.budget_split
+        )
 
 
 def selectable_mask(layout: BlendLayout) -> torch.Tensor:
@@ -98,7 +109,7 @@ def selectable_mask(layout: BlendLayout) -> torch.Tensor:
 
 
 def select_tokens(
-    scores: torch.Tensor, layout: BlendLayout, ratio: float, span_tokens: int, budget_split: str
+    scores: torch.Tensor, layout: BlendLayout, recompute_ratio: float, span_tokens: int, budget_split: str
 ) -> torch.Tensor:
     """Ascending positions: the forced ones plus ratio x the reused tokens, best-scoring selectable ones first.
 
@@ -107,7 +118,7 @@ def select_tokens(
     """
     forced = layout.forced
     selectable = selectable_mask(layout)
-    num_keep = min(ratio_count(ratio, int((~forced).sum())), int(selectable.sum()))
+    num_keep = min(ratio_count(recompute_ratio, int((~forced).sum())), int(selectable.sum()))
     scores = scores.float().masked_fill(~selectable, 0.0)
     positions = torch.arange(layout.kv_end)
     blocked = ~selectable  # never chosen on their own; inside a chosen span they come along
@@ -167,8 +178,15 @@ def question_attention(
             own_visible = causal & ((q_positions[:, None] - q_positions[None, :]) < window)
             context_visible = ((q_positions[:, None] - keys_at[None, :]) < window).to(runner.device)  # [Q, N]
         received, attn = scout_attention(
-            q, k, v, cache.data[layer, 0, device_keys], cache.data[layer, 1, device_keys],
-            own_visible.to(runner.device), cfg.attention_scale, context_visible, counted,
+            q,
+            k,
+            v,
+            cache.data[layer, 0, device_keys],
+            cache.data[layer, 1, device_keys],
+            own_visible.to(runner.device),
+            cfg.attention_scale,
+            context_visible,
+            counted,
         )  # [N], [Q, H * D]
         h = runner.after_attention(layer, h, attn.to(h.dtype))
         scores[layer, keys_at] = received.to(scores.device)

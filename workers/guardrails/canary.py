@@ -52,7 +52,7 @@ class CanaryReport:
 
 
 @torch.inference_mode()
-def measure_canary(fuser: Fuser, mode: str = "cacheblend", ratio: float | None = None,
+def measure_canary(fuser: Fuser, mode: str = "cacheblend", recompute_ratio: float | None = None,
                    max_deviation: float = DEFAULT_MAX_DEVIATION) -> CanaryReport:
     """Fuse the canary with `mode` exactly as `fuser` would (runner, loader, template, options) and compare."""
     # A private store, so the canary's chunks never reach the serving store.
@@ -64,17 +64,17 @@ def measure_canary(fuser: Fuser, mode: str = "cacheblend", ratio: float | None =
         chunk_context=fuser.chunk_context,
         loader=fuser.loader,
     )
-    ratio = fuser.options.recompute_ratio if ratio is None else ratio
+    recompute_ratio = fuser.options.recompute_ratio if recompute_ratio is None else recompute_ratio
     prompt = probe.layout(list(CANARY_DOCUMENTS), CANARY_QUESTION)
     probe.precompute(prompt)
     full = probe.fuse(prompt, "full_prefill", 1.0)
-    fused = probe.fuse(prompt, mode, ratio)
+    fused = probe.fuse(prompt, mode, recompute_ratio)
     context = fused.layout.num_context_tokens
     reference = probe.runner.logits(full.prefill.last_hidden[None])[0].log_softmax(-1)
     blended = probe.runner.logits(fused.prefill.last_hidden[None])[0].log_softmax(-1)
     return CanaryReport(
         mode,
-        ratio,
+        recompute_ratio,
         kv_deviation(fused.cache.data[:, :, :context], full.cache.data[:, :, :context]),
         first_token_kl(reference, blended),
         bool(reference.argmax() == blended.argmax()),

@@ -31,12 +31,13 @@ class LoadingController:
         self.telemetry.observe(tier, seconds, num_bytes)
 
     def plan(
-        self, chunks: Sequence[ChunkPlacement], forced_tokens: int, ratio_floor: float | None = None
+        self, chunks: Sequence[ChunkPlacement], forced_tokens: int, recompute_ratio: float | None = None
     ) -> LoadingPlan:
-        """The ratio (never below the floor, raised to `ratio_floor` if given) and per-chunk tier or recompute."""
+        """The ratio (at least the floor and the request's `recompute_ratio`) and per-chunk tier or recompute."""
         options = self.options
-        if ratio_floor is not None and ratio_floor > options.ratio_floor:
-            options = replace(options, ratio_floor=ratio_floor, ratio_ceiling=max(ratio_floor, options.ratio_ceiling))
+        if recompute_ratio is not None and recompute_ratio > options.ratio_floor:
+            ceiling = max(recompute_ratio, options.ratio_ceiling)
+            options = replace(options, ratio_floor=recompute_ratio, ratio_ceiling=ceiling)
         quantiles = self.telemetry.snapshot({tier for chunk in chunks for tier in chunk.tiers})
         self.last_plan = plan_loading(chunks, self.delays, quantiles, options, forced_tokens)
         return self.last_plan

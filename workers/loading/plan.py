@@ -87,9 +87,9 @@ class ControllerOptions:
 
 @dataclass(frozen=True, slots=True)
 class LoadingPlan:
-    """The chosen ratio, one action per chunk (request order), and the TTFT predicted for them."""
+    """The chosen recompute_ratio, one action per chunk (request order), and the TTFT predicted for them."""
 
-    ratio: float
+    recompute_ratio: float
     actions: tuple[ChunkAction, ...]
     ttft_p50_s: float
     ttft_p95_s: float
@@ -112,18 +112,18 @@ class LoadingPlan:
 
 
 def selected_per_layer(
-    num_layers: int, ratio: float, reusable_tokens: int, forced_tokens: int, options: ControllerOptions
+    num_layers: int, recompute_ratio: float, reusable_tokens: int, forced_tokens: int, options: ControllerOptions
 ) -> list[int]:
     """Tokens entering each layer's recompute under CacheBlend's gradual filtering."""
     # All tokens run up to and including the first filter layer; past filter layer f_j the kept
-    # reusable share is ratio * multiplier_j, as the fusion mode's `narrow` keeps them.
+    # reusable share is recompute_ratio * multiplier_j, as the fusion mode's `narrow` keeps them.
     counts = []
     kept = reusable_tokens
     for layer in range(num_layers):
         counts.append(kept + forced_tokens)
         if layer in options.filter_layers:
             multiplier = options.filter_multipliers[options.filter_layers.index(layer)]
-            kept = ratio_count(min(1.0, ratio * multiplier), reusable_tokens)
+            kept = ratio_count(min(1.0, recompute_ratio * multiplier), reusable_tokens)
     return counts
 
 
@@ -140,7 +140,7 @@ def pipeline_ttft_s(load_s: Sequence[float], compute_s: Sequence[float]) -> floa
 def predict_ttft_s(
     chunks: Sequence[ChunkPlacement],
     actions: Sequence[ChunkAction],
-    ratio: float,
+    recompute_ratio: float,
     delays: RecomputeDelayModel,
     quantiles: Mapping[str, LoadQuantiles],
     quantile: str,
@@ -148,13 +148,13 @@ def predict_ttft_s(
     forced_tokens: int = 0,
 ) -> float:
     """Predicted TTFT of a plan with every layer-chunk fetch at its `quantile` time."""
-    return _predict(chunks, actions, ratio, delays, quantiles, quantile, options, forced_tokens)[0]
+    return _predict(chunks, actions, recompute_ratio, delays, quantiles, quantile, options, forced_tokens)[0]
 
 
 def _predict(
     chunks: Sequence[ChunkPlacement],
     actions: Sequence[ChunkAction],
-    ratio: float,
+    recompute_ratio: float,
     delays: RecomputeDelayModel,
     quantiles: Mapping[str, LoadQuantiles],
     quantile: str,
@@ -175,7 +175,7 @@ def _predict(
         else:
             reusable += chunk.num_tokens
             load_layer_s += quantiles[action.tier].fetch_in_sum_s(quantile, chunk.layer_bytes, num_fetches)
-    counts = selected_per_layer(delays.num_layers, ratio, reusable, forced, options)
+    counts = selected_per_layer(delays.num_layers, recompute_ratio, reusable, forced, options)
     compute = [delays.predict_s(context, count) for count in counts]
     return pipeline_ttft_s([load_layer_s] * delays.num_layers, compute), compute[-1]
 
@@ -198,8 +198,8 @@ def plan_loading(
         raise ValueError(f"no load quantiles (observed or prior) for tiers {missing}")
     objective = options.objective
 
-    def cost(actions: Sequence[ChunkAction], ratio: float) -> float:
-        return predict_ttft_s(chunks, actions, ratio, delays, quantiles, objective, options, forced_tokens)
+    def cost(actions: Sequence[ChunkAction], recompute_ratio: float) -> float:
+        return predict_ttft_s(chunks, actions, recompute_ratio, delays, quantiles, objective, options, forced_tokens)
 
     # 1. Each held chunk from its tier with the best objective quantile (TTFT only grows with a fetch's time).
     num_fetches = delays.num_layers * sum(1 for chunk in chunks if chunk.tiers)
@@ -225,16 +225,17 @@ def plan_loading(
     overlapped = [
         ttft - last
         for ttft, last in (
-            _predict(chunks, actions, ratio, delays, quantiles, objective, options, forced_tokens) for ratio in ratios
+            _predict(chunks, actions, recompute_ratio, delays, quantiles, objective, options, forced_tokens)
+            for recompute_ratio in ratios
         )
     ]
     limit = min(overlapped) * (1 + options.free_slack) * (1 + _TIE)
-    ratio = max(ratio for ratio, value in zip(ratios, overlapped) if value <= limit)
+    recompute_ratio = max(recompute_ratio for recompute_ratio, value in zip(ratios, overlapped) if value <= limit)
     p50, p95, p99 = (
-        predict_ttft_s(chunks, actions, ratio, delays, quantiles, quantile, options, forced_tokens)
+        predict_ttft_s(chunks, actions, recompute_ratio, delays, quantiles, quantile, options, forced_tokens)
         for quantile in QUANTILES
     )
-    return LoadingPlan(ratio, tuple(actions), p50, p95, p99)
+    return LoadingPlan(recompute_ratio, tuple(actions), p50, p95, p99)
 
 
 def _fastest_tier(

@@ -98,15 +98,15 @@ class VLLMEngine(Engine):
         """Fuse the context (one request at a time), hand the request to vLLM, return at its first token."""
         start_s = time.perf_counter()
         prepared = self.prepare(request)
-        prompt, ratio, sampling = prepared.prompt, prepared.ratio, prepared.sampling
-        submitted = self._loop.call(lambda: self._submit(prompt, request, ratio, sampling))
+        prompt, recompute_ratio, sampling = prepared.prompt, prepared.recompute_ratio, prepared.sampling
+        submitted = self._loop.call(lambda: self._submit(prompt, request, recompute_ratio, sampling))
         tokens = iter(submitted.stream)
         try:
             first = next(tokens)
         except BaseException:
             self._loop.abort(submitted.stream)
             raise
-        stats = self._stats(request.mode, ratio, time.perf_counter() - start_s, prompt, submitted)
+        stats = self._stats(request.mode, recompute_ratio, time.perf_counter() - start_s, prompt, submitted)
         return Generation(
             stats, self._tokens(first, tokens, submitted.stream), self._write_back(prompt, request, submitted)
         )
@@ -135,7 +135,7 @@ class VLLMEngine(Engine):
     # ---------------- on the engine thread ----------------
 
     def _submit(
-        self, prompt: PromptLayout, request: BlendRequest, ratio: float, sampling: SamplingParams
+        self, prompt: PromptLayout, request: BlendRequest, recompute_ratio: float, sampling: SamplingParams
     ) -> _Submitted:
         params = self._vllm_params(sampling)
         context = len(prompt.token_ids) - len(prompt.suffix_ids)
@@ -144,7 +144,7 @@ class VLLMEngine(Engine):
             # The fusion sees the whole prompt but computes KV for the context only: vLLM prefills the question.
             cache = self._buffer.take(context)
             try:
-                fused = self.fuser.fuse(prompt, request.mode, ratio, request.namespace, cache, kv_end=context)
+                fused = self.fuser.fuse(prompt, request.mode, recompute_ratio, request.namespace, cache, kv_end=context)
                 injected = injectable_tokens(context, len(prompt.token_ids))
                 if injected > 0:
                     key = put_kv(cache.data[:, :, :context])
@@ -195,7 +195,7 @@ class VLLMEngine(Engine):
         return write_back
 
     def _stats(
-        self, mode: str, ratio: float, ttft_s: float, prompt: PromptLayout, submitted: _Submitted
+        self, mode: str, recompute_ratio: float, ttft_s: float, prompt: PromptLayout, submitted: _Submitted
     ) -> PrefillStats:
         num_tokens = len(prompt.token_ids)
         injected, fused = submitted.injected_tokens, submitted.fused
@@ -204,7 +204,7 @@ class VLLMEngine(Engine):
             logprobs[token] = value
         return prefill_stats(
             mode=mode if fused is None else fused.mode.name,
-            recompute_ratio=ratio if fused is None else fused.ratio,
+            recompute_ratio=recompute_ratio if fused is None else fused.recompute_ratio,
             ttft_s=ttft_s,
             num_prompt_tokens=num_tokens,
             context_tokens=num_tokens - len(prompt.suffix_ids),

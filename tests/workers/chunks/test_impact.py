@@ -38,7 +38,7 @@ def test_a_stored_impact_travels_with_the_chunk_at_lookup() -> None:
     record_impact(store, [3, 3, 3], prompt.prefix_ids, "default", 0.1)
     assert stored_impact(store, [3, 3, 3], prompt.prefix_ids, "default") == pytest.approx(0.2)
     assert stored_impact(store, [3, 3, 3], [], "default") is None  # KV after another context: another chunk
-    layout = lookup_layout(store, prompt, sources=ChunkSources("prefix"), namespace="default", ratio=0.15)
+    layout = lookup_layout(store, prompt, sources=ChunkSources("prefix"), namespace="default", recompute_ratio=0.15)
     impacts = [seg.cached.impact for seg in layout.layout.chunk_segments()]
     assert impacts[0] is None and impacts[1] == pytest.approx(0.2)
     plain = LocalChunkStore()

@@ -49,7 +49,7 @@ def test_fast_loads_run_at_the_floor_and_match_the_uncontrolled_engine(checkpoin
     for each in (engine, plain):
         each.fuser.precompute(each.fuser.layout(record["documents"], record["question"]))
     result, reference = ask(engine, record), ask(plain, record)
-    assert engine.fuser.controller.last_plan.ratio == result.stats.recompute_ratio == 0.15
+    assert engine.fuser.controller.last_plan.recompute_ratio == result.stats.recompute_ratio == 0.15
     assert not engine.fuser.controller.last_plan.recomputed
     assert result.stats.reused_tokens == result.stats.context_tokens
     assert result.token_ids == reference.token_ids

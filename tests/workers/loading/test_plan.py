@@ -29,7 +29,7 @@ def _flat(seconds: float) -> LoadQuantiles:
 def test_all_fast_tiers_give_the_floor_ratio() -> None:
     chunks = [ChunkPlacement(f"c{i}", 250, 4096, ("ram",)) for i in range(4)]
     plan = plan_loading(chunks, DELAYS, {"ram": _flat(1e-6)})
-    assert plan.ratio == 0.15
+    assert plan.recompute_ratio == 0.15
     assert all(action.tier == "ram" for action in plan.actions) and plan.recomputed == ()
     assert plan.ttft_p50_s == plan.ttft_p95_s == plan.ttft_p99_s
 
@@ -43,14 +43,14 @@ def test_slow_tier_raises_the_ratio_to_what_loading_hides() -> None:
     quantiles = {"ssd": _flat(2.5 * MS)}
     plan = plan_loading(chunks, DELAYS, quantiles, GRADUAL)
     assert plan.recomputed == ()
-    assert plan.ratio == pytest.approx(0.25)
+    assert plan.recompute_ratio == pytest.approx(0.25)
     floor = predict_ttft_s(chunks, plan.actions, 0.15, DELAYS, quantiles, "p95", GRADUAL)
     # Only the last layer, which no load overlaps, pays for the extra recompute.
     assert plan.ttft_p95_s == pytest.approx(floor + (250 - 150) * 1e-5)
     # One check layer (the default): no 2r bulge, so loading hides r = 0.5.
-    assert plan_loading(chunks, DELAYS, quantiles).ratio == pytest.approx(0.5)
+    assert plan_loading(chunks, DELAYS, quantiles).recompute_ratio == pytest.approx(0.5)
     # The floor holds however fast loading is, and a higher floor is honoured too.
-    assert plan_loading(chunks, DELAYS, {"ssd": _flat(0.0)}, ControllerOptions(ratio_floor=0.3)).ratio == 0.3
+    assert plan_loading(chunks, DELAYS, {"ssd": _flat(0.0)}, ControllerOptions(ratio_floor=0.3)).recompute_ratio == 0.3
 
 
 def test_slack_trades_a_little_ttft_for_more_recompute() -> None:
@@ -58,9 +58,9 @@ def test_slack_trades_a_little_ttft_for_more_recompute() -> None:
     quantiles = {"ssd": _flat(2.5 * MS)}
     strict = plan_loading(chunks, DELAYS, quantiles)
     relaxed = plan_loading(chunks, DELAYS, quantiles, ControllerOptions(free_slack=0.1))
-    assert relaxed.ratio > strict.ratio
+    assert relaxed.recompute_ratio > strict.recompute_ratio
     # The slack bounds the overlapped layers; the last layer adds its own extra recompute on top.
-    last_layer_extra = (relaxed.ratio - strict.ratio) * 1000 * 1e-5
+    last_layer_extra = (relaxed.recompute_ratio - strict.recompute_ratio) * 1000 * 1e-5
     assert relaxed.ttft_p95_s <= strict.ttft_p95_s * 1.1 + last_layer_extra + 1e-12
 
 
@@ -71,7 +71,7 @@ def test_a_tier_with_a_good_mean_but_a_bad_tail_is_avoided() -> None:
     assert {action.tier for action in plan.actions} == {"ssd"}
     median_first = plan_loading(chunks, DELAYS, quantiles, ControllerOptions(objective="p50"))
     assert {action.tier for action in median_first.actions} == {"remote"}
-    assert plan.ttft_p95_s < predict_ttft_s(chunks, median_first.actions, plan.ratio, DELAYS, quantiles, "p95",
+    assert plan.ttft_p95_s < predict_ttft_s(chunks, median_first.actions, plan.recompute_ratio, DELAYS, quantiles, "p95",
                                             ControllerOptions())
 
 
@@ -85,7 +85,7 @@ def test_a_chunk_slower_to_load_than_to_compute_is_recomputed() -> None:
     plan = plan_loading(chunks, DELAYS, quantiles, forced_tokens=20)
     assert plan.tier_of("local") == "ram"
     assert plan.recomputed == ("far", "miss")
-    assert plan.ratio == 0.15
+    assert plan.recompute_ratio == 0.15
     loaded_far = [ChunkAction("local", "ram"), ChunkAction("far", "s3"), ChunkAction("miss", None)]
     assert plan.ttft_p95_s < predict_ttft_s(chunks, loaded_far, 0.15, DELAYS, quantiles, "p95", ControllerOptions(), 20)
 
@@ -142,7 +142,7 @@ def test_plans_respect_the_floor_and_beat_the_naive_plan(tiers, chunks, floor, f
     placements = [ChunkPlacement(f"c{i}", n, b, tuple(sorted(held))) for i, (n, b, held) in enumerate(chunks)]
     options = ControllerOptions(ratio_floor=floor)
     plan = plan_loading(placements, DELAYS, tiers, options, forced)
-    assert options.ratio_floor <= plan.ratio <= 1.0
+    assert options.ratio_floor <= plan.recompute_ratio <= 1.0
     assert plan.ttft_p50_s <= plan.ttft_p95_s <= plan.ttft_p99_s
     assert [action.key for action in plan.actions] == [chunk.key for chunk in placements]
     # Naive: every held chunk from its best-median tier, at the floor ratio.

@@ -7,13 +7,17 @@ from workers.fusion.layout import BlendLayout
 
 
 class Epic(FusionMode):
-    """Static position-based selection: k = options.epic_tokens, or ratio x chunk length when unset."""
+    """Static position-based selection: k = options.epic_tokens, or recompute_ratio x chunk length when unset."""
 
     name = "epic"
 
-    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
+    def initial(self, layout: BlendLayout, recompute_ratio: float) -> torch.Tensor:
         selected = layout.forced.clone()
         for seg in layout.chunk_segments():
-            k = self.options.epic_tokens if self.options.epic_tokens is not None else ratio_count(ratio, seg.num_tokens)
+            k = (
+                self.options.epic_tokens
+                if self.options.epic_tokens is not None
+                else ratio_count(recompute_ratio, seg.num_tokens)
+            )
             selected[seg.start : seg.start + min(k, seg.num_tokens)] = True
         return selected.nonzero().squeeze(1)

@@ -10,5 +10,5 @@ class FullReuse(FusionMode):
 
     name = "full_reuse"
 
-    def initial(self, layout: BlendLayout, ratio: float) -> torch.Tensor:
+    def initial(self, layout: BlendLayout, recompute_ratio: float) -> torch.Tensor:
         return layout.forced.nonzero().squeeze(1)

@@ -21,7 +21,12 @@ class PrefixCache(FusionMode):
         self.cache = PrefixBlockCache(options.prefix_cache.block_tokens, options.prefix_cache.num_blocks)
 
     def prefill(
-        self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, ratio: float, feed: LayerFeed | None = None
+        self,
+        runner: ModelRunner,
+        layout: BlendLayout,
+        cache: KVCache,
+        recompute_ratio: float,
+        feed: LayerFeed | None = None,
     ) -> PrefillResult:
         """Load the matched prefix blocks, compute the rest, then remember this prompt's blocks."""
         # hashed once per request, over the tokens whose KV this pass computes
@@ -32,6 +37,6 @@ class PrefixCache(FusionMode):
         if blocks:
             cache.data[:, :, :num_hit] = torch.cat(blocks, dim=2)
         layout.forced[:num_hit] = False
-        result = selective_prefill(runner, layout, cache, self.initial(layout, ratio)[num_hit:])
+        result = selective_prefill(runner, layout, cache, self.initial(layout, recompute_ratio)[num_hit:])
         self.cache.insert(hashes, cache.data)
         return result
