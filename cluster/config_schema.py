@@ -22,6 +22,7 @@ from workers.vllm.settings import VLLMSettings
 GiB = 1 << 30
 MiB = 1 << 20
 ENGINES = ("vllm", "torch")
+FUSION_PLANS = ("auto", "blend")
 BUILTIN_TIER_SCHEMES = ("ram", "device")
 TIER_ROLES: Mapping[str, str] = MappingProxyType(
     {
@@ -90,9 +91,13 @@ class FusionConfig:
     mode: str = "cacheblend"
     recompute_ratio: float = 0.15
     selection_span_tokens: int = 16  # cacheblend recomputes aligned spans of this many tokens (1: single tokens)
+    # "auto": each request in the default mode and ratio blends or is prefilled plainly, whichever the worker
+    # predicts reaches the first token sooner (curves measured at its start); "blend": always as asked.
+    plan: str = "auto"
 
     def __post_init__(self) -> None:
         check(self.mode in FUSION_MODES, "mode", f"one of {sorted(FUSION_MODES)}", self.mode)
+        check(self.plan in FUSION_PLANS, "plan", f"one of {list(FUSION_PLANS)}", self.plan)
         check(0.0 <= self.recompute_ratio <= 1.0, "recompute_ratio", "in [0, 1]", self.recompute_ratio)
         check(self.selection_span_tokens >= 1, "selection_span_tokens", "an integer >= 1", self.selection_span_tokens)
 

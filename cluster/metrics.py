@@ -8,6 +8,7 @@ from workers.worker import Finished
 
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
+PREDICTION_ERROR_BUCKETS = (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)  # measured / predicted
 
 
 class ServeMetrics:
@@ -30,6 +31,16 @@ class ServeMetrics:
         )
         self.recompute_ratio = Histogram(
             "blendserve_recompute_ratio", "Recompute ratio used per request", buckets=RATIO_BUCKETS, registry=r
+        )
+        self.plans = Counter(
+            "blendserve_plans", "Requests by the plan that ran: blend or plain (whole prompt)", ["plan"], registry=r
+        )
+        self.ttft_prediction_error = Histogram(
+            "blendserve_ttft_prediction_error",
+            "Measured TTFT over the planner's prediction for the plan that ran, per planned request",
+            ["plan"],
+            buckets=PREDICTION_ERROR_BUCKETS,
+            registry=r,
         )
         self.routes = Counter("blendserve_routes", "Routing decisions by reason", ["reason"], registry=r)
         self.queue_depth = Gauge(
@@ -66,6 +77,9 @@ class ServeMetrics:
             self.reused_tokens.labels(tier).inc(num_tokens)
         self.recomputed_tokens.inc(finished.recomputed_tokens)
         self.recompute_ratio.observe(finished.recompute_ratio)
+        self.plans.labels(finished.plan).inc()
+        if finished.predicted_ttft_s:
+            self.ttft_prediction_error.labels(finished.plan).observe(finished.ttft_s / finished.predicted_ttft_s)
 
     def set_state(
         self,

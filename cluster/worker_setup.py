@@ -20,6 +20,7 @@ from kvplane.store import TieredStore
 from scheduler.membership import WorkerReport, launch_membership
 from workers.chunks.kvplane_store import KVPlaneChunkStore
 from workers.engines.base import Engine
+from workers.engines.calibration import calibrate_planner
 from workers.engines.torch_engine import TorchEngine
 from workers.fuser import Fuser
 from workers.fusion.base import FallbackOptions, FusionOptions
@@ -86,9 +87,11 @@ def load_worker(config: ServeConfig, worker_id: str, tiered: TieredStore) -> tup
     _log.info("blendserve: worker %s computes in %s (model.dtype %s; %s)", worker_id, dtype, config.model.dtype,
               Hardware.detect().description)
     engine = open_engine(config, path, dtype, lambda runner: serving_fuser(config, runner, tiered))
+    fuser = engine.fuser
+    if config.fusion.plan == "auto" and fuser.blending_refused is None:
+        engine.planner = calibrate_planner(engine, config.fusion.mode, config.fusion.recompute_ratio)
     guardrails = config.guardrails
     shadow = ShadowSampler(engine, guardrails.shadow_fraction) if guardrails.shadow_fraction > 0 else None
-    fuser = engine.fuser
     return Worker(engine, worker_id, shadow, fuser.blending_refused is not None), fuser.runner.checkpoint.fingerprint
 
 

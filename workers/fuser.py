@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerBase
 from kvplane.layer_stream import ChunkLost
 from workers.chunks.kv import compute_chunk_kv
 from workers.chunks.lookup import LookupResult, lookup_layout
-from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT, ChunkSources
+from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT, PREFIX_INDEX, ChunkSources
 from workers.chunks.store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore, record_impact, stored_impact
 from workers.chunks.variants import Variant, VariantIndex, chunk_keys
 from workers.engines.base import StoredChunk
@@ -105,8 +105,18 @@ class Fuser:
         return self.template.layout(documents, question)
 
     def ratio_for(self, recompute_ratio: float | None) -> float:
-        """A request's recompute_ratio, or the configured default when it asks for none."""
+        """A request's ratio, or the configured default when it asks for none."""
         return self.options.recompute_ratio if recompute_ratio is None else recompute_ratio
+
+    def missed_tokens(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """Tokens of the prompt's prefix and chunks whose KV, as this request reads it, no tier holds now."""
+        parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
+        missed = 0
+        for index, ids in parts:
+            source = self.sources.read_at(index, prompt, namespace)
+            if not self.store.tiers_of(ids, source.context_ids, source.namespace):
+                missed += len(ids)
+        return missed
 
     def precompute(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""

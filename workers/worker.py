@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from workers.engines.base import BlendRequest, Engine, StoredChunk
 from workers.generation.text_stream import TextStream
 from workers.guardrails.shadow import ShadowSampler
+from workers.loading.request_plan import BLEND_PLAN
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,8 @@ class Finished:
     reused_tokens: dict[str, int] = field(default_factory=dict)
     recomputed_tokens: int = 0
     worker: str = ""
+    plan: str = BLEND_PLAN
+    predicted_ttft_s: float | None = None
 
 
 Event = TextDelta | Finished
@@ -88,6 +91,8 @@ class Worker:
             reused_tokens=dict(stats.reused_tokens_by_tier),
             recomputed_tokens=stats.recomputed_tokens,
             worker=self.worker_id,
+            plan=stats.plan,
+            predicted_ttft_s=stats.predicted_ttft_s,
         )
 
     def store_documents(self, documents: list[str], namespace: str) -> list[StoredChunk]:

@@ -15,6 +15,8 @@ class BlendStats(BaseModel):
     reused_tokens: dict[str, int]
     recomputed_tokens: int
     worker: str
+    plan: str = "blend"  # "blend" (fused from chunk KV) or "plain" (the whole prompt prefilled, exact)
+    predicted_ttft_s: float | None = None  # the worker's prediction for the plan that ran (None: not planned)
 
 
 class PromptTokensDetails(BaseModel):

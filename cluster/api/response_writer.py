@@ -36,6 +36,8 @@ def blend_stats(finished: Finished) -> BlendStats:
         reused_tokens=finished.reused_tokens,
         recomputed_tokens=finished.recomputed_tokens,
         worker=finished.worker,
+        plan=finished.plan,
+        predicted_ttft_s=finished.predicted_ttft_s,
     )
 
 

@@ -13,6 +13,9 @@ from tests.local_ray import free_port, local_serve
 SERVE_CONFIG = {
     "workers": {"num_replicas": 2, "num_cpus": 1},
     "engine": {"kind": "torch", "num_threads": 1},  # the cheap reference engine; test_vllm_serving.py runs vLLM
+    # As asked, never planned: these tests read the blend stats of the mode they ask for (the planner's own
+    # path over HTTP runs in tests/helm's replay and test_vllm_serving.py).
+    "fusion": {"plan": "blend"},
     "admission": {"max_queued_per_worker": 2, "initial_service_time_s": 2.0},
     "guardrails": {"shadow_fraction": 1.0},  # every blended request is also compared with full prefill
     "limits": {"max_documents": 8, "max_tokens": 64, "default_max_tokens": 16, "max_request_body_bytes": 65536},

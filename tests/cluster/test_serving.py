@@ -13,7 +13,9 @@ DOCS = [
     "The Danube flows through Vienna, Budapest and Belgrade before it reaches the Black Sea.",
 ]
 QUESTION = "In which city is the Eiffel Tower?"
-BLEND_KEYS = {"ttft_s", "mode", "recompute_ratio", "reused_tokens", "recomputed_tokens", "worker"}
+BLEND_KEYS = {
+    "ttft_s", "mode", "recompute_ratio", "reused_tokens", "recomputed_tokens", "worker", "plan", "predicted_ttft_s"
+}
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +144,7 @@ def test_models_health_and_metrics(server):
     assert httpx.get(f"{server}/readyz").json() == {"ready": True}
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{server}/metrics").text)}
     for name in ("blendserve_requests", "blendserve_ttft_seconds", "blendserve_reused_tokens",
-                 "blendserve_recompute_ratio", "blendserve_queue_depth", "blendserve_kv_evictions"):
+                 "blendserve_recompute_ratio", "blendserve_plans", "blendserve_queue_depth", "blendserve_kv_evictions"):
         assert name in families, name
     assert families["blendserve_ttft_seconds"].type == "histogram"
     assert any(s.value > 0 for s in families["blendserve_requests"].samples)

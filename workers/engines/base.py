@@ -10,9 +10,13 @@ from transformers import PreTrainedTokenizerBase
 from kvplane.checks import check_count
 from workers.chunks.store import DEFAULT_NAMESPACE
 from workers.fusion.base import FusionMode
+from workers.fusion.baselines.full_prefill import FullPrefill
 from workers.generation.prompt import PromptLayout
 from workers.generation.sampling import SamplingParams
+from workers.loading.request_plan import BLEND_PLAN, PLAIN_PLAN, PrefillCosts, RequestPlan
 from workers.model.runner import ModelRunner
+
+PLAIN_MODE = FullPrefill.name  # the whole prompt prefilled as is: no chunk KV read, exact by construction
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +80,35 @@ class FusionCore(Protocol):
         """Token layout of a request under the template."""
 
     def ratio_for(self, recompute_ratio: float | None) -> float:
-        """A request's recompute_ratio, or the configured default when it asks for none."""
+        """A request's ratio, or the configured default when it asks for none."""
+
+    def missed_tokens(self, prompt: PromptLayout, namespace: str) -> int:
+        """Tokens of the prompt's cached parts (prefix and chunks) that no tier holds now."""
+
+    def precompute(self, prompt: PromptLayout, namespace: str) -> int:
+        """Compute and store the KV of every part not yet cached; returns how many."""
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
-    """A checked request laid out: its prompt, recompute ratio and sampling (stop tokens filled in)."""
+    """A checked request laid out: its prompt, ratio, sampling (stop tokens filled in) and the plan it runs under."""
 
     prompt: PromptLayout
     recompute_ratio: float
     sampling: SamplingParams
+    mode: str  # the fusion mode that runs: the request's, or PLAIN_MODE when the planner chose plain prefill
+    plan: RequestPlan | None = None  # None: no planner priced it, the request runs as asked
+
+    @property
+    def warms_chunks(self) -> bool:
+        """Whether to store the missed chunks after a plain answer: blending them would pay next time."""
+        return self.plan is not None and self.plan.warm_chunks
+
+    def stamp(self, stats: "PrefillStats") -> "PrefillStats":
+        """The stats with the plan that ran and its predicted TTFT."""
+        stats.plan = PLAIN_PLAN if self.mode == PLAIN_MODE else BLEND_PLAN
+        stats.predicted_ttft_s = None if self.plan is None else self.plan.predicted_ttft_s
+        return stats
 
 
 @dataclass(slots=True)
@@ -101,6 +124,8 @@ class PrefillStats:
     recomputed_tokens: int
     recomputed_fraction: float
     first_token_logprobs: torch.Tensor  # [V] float32
+    plan: str = BLEND_PLAN  # "blend" (fused from chunk KV) or "plain" (the whole prompt prefilled)
+    predicted_ttft_s: float | None = None  # the planner's prediction for the plan that ran (None: no planner)
 
     @property
     def reused_tokens(self) -> int:
@@ -180,6 +205,7 @@ class Engine(ABC):
     fuser: FusionCore  # the fusion core the engine composes
     stop_token_ids: tuple[int, ...]  # end-of-sequence ids used when a request names none
     max_concurrent_jobs: int = 1  # jobs its worker may run at once (an engine that batches says more)
+    planner: PrefillCosts | None = None  # measured at worker start; None: every request runs as asked
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -207,7 +233,22 @@ class Engine(ABC):
         sampling = request.sampling
         if not sampling.stop_token_ids:
             sampling = replace(sampling, stop_token_ids=self.stop_token_ids)
-        return PreparedRequest(prompt, self.fuser.ratio_for(request.recompute_ratio), sampling)
+        recompute_ratio = self.fuser.ratio_for(request.recompute_ratio)
+        plan = self._plan(request, prompt, recompute_ratio)
+        mode = PLAIN_MODE if plan is not None and plan.name == PLAIN_PLAN else request.mode
+        return PreparedRequest(prompt, recompute_ratio, sampling, mode, plan)
+
+    def _plan(self, request: BlendRequest, prompt: PromptLayout, recompute_ratio: float) -> RequestPlan | None:
+        """The planner's choice for a request in the mode and ratio it measured (others run as asked)."""
+        if self.planner is None or not self.planner.prices(request.mode, recompute_ratio):
+            return None
+        missed_tokens = self.fuser.missed_tokens(prompt, request.namespace)
+        return self.planner.choose(len(prompt.token_ids), missed_tokens)
+
+    def warm(self, prepared: PreparedRequest, namespace: str) -> None:
+        """After a plain answer that missed chunks worth blending next time: store them (off the first token)."""
+        if prepared.warms_chunks:
+            self.fuser.precompute(prepared.prompt, namespace)
 
     def generate(self, request: BlendRequest) -> BlendResult:
         """Answer one request in full; misses are written back after the answer."""

@@ -71,10 +71,10 @@ class TorchEngine(Engine):
         prompt, sampling = prepared.prompt, prepared.sampling
         runner = self.fuser.runner
         cache = runner.new_cache(len(prompt.token_ids) + sampling.max_new_tokens)
-        fused = self.fuser.fuse(prompt, request.mode, prepared.recompute_ratio, request.namespace, cache)
+        fused = self.fuser.fuse(prompt, prepared.mode, prepared.recompute_ratio, request.namespace, cache)
         first_logits = runner.logits(fused.prefill.last_hidden[None])[0]
         layout = fused.layout
-        stats = prefill_stats(
+        stats = prepared.stamp(prefill_stats(
             mode=fused.mode.name,
             recompute_ratio=fused.recompute_ratio,
             ttft_s=time.perf_counter() - start_s,
@@ -84,9 +84,14 @@ class TorchEngine(Engine):
             fused_fraction=fused.prefill.recomputed_fraction,
             reused_tokens_by_tier=fused.reused_tokens_by_tier(),
             first_token_logprobs=first_logits.log_softmax(-1),
-        )
+        ))
         tokens = iter_decode(runner, cache, first_logits, sampling)
-        return Generation(stats, tokens, lambda: self.fuser.write_back(fused, prompt, request.namespace))
+
+        def write_back() -> None:
+            self.fuser.write_back(fused, prompt, request.namespace)
+            self.warm(prepared, request.namespace)
+
+        return Generation(stats, tokens, write_back)
 
     def store_documents(self, documents: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[StoredChunk]:
         """Compute (if missing) and store each document's chunk KV; where each now lives, in order."""

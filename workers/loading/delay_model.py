@@ -1,5 +1,4 @@
 """Recompute delay per layer as a function of context and selected tokens, fitted to timings of the real runner."""
-import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -8,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from workers.loading.cost_fit import fit_nonnegative
 from workers.model.runner import ModelRunner
 
 MeasureFn = Callable[[int, int], float]
@@ -60,23 +60,8 @@ def fit_delay_model(samples: Sequence[tuple[int, int, float]], num_layers: int) 
         raise ValueError("every sample needs seconds > 0 and 0 < selected <= context")
     data = np.array(samples, dtype=np.float64)
     context, selected, seconds = data[:, 0], data[:, 1], data[:, 2]
-    # Rows divided by the measured time: a 1 ms shape counts as much as a 100 ms one.
-    features = np.stack([np.ones_like(selected), selected, selected * context], axis=1) / seconds[:, None]
-    target = np.ones_like(seconds)
-    best: tuple[float, np.ndarray] | None = None
-    # Three coefficients: trying every subset of free ones is exact non-negative least squares.
-    for size in (3, 2, 1):
-        for columns in itertools.combinations(range(3), size):
-            solution, *_ = np.linalg.lstsq(features[:, columns], target, rcond=None)
-            if (solution < 0).any():
-                continue
-            coefficients = np.zeros(3)
-            coefficients[list(columns)] = solution
-            error = float(np.sum((features @ coefficients - target) ** 2))
-            if best is None or error < best[0]:
-                best = (error, coefficients)
-    assert best is not None  # a single non-negative column always has a non-negative solution
-    fixed_s, per_token_s, per_pair_s = (float(value) for value in best[1])
+    features = np.stack([np.ones_like(selected), selected, selected * context], axis=1)
+    fixed_s, per_token_s, per_pair_s = (float(value) for value in fit_nonnegative(features, seconds))
     return RecomputeDelayModel(num_layers, fixed_s, per_token_s, per_pair_s)
 
 

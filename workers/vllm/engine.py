@@ -11,16 +11,17 @@ from transformers import PreTrainedTokenizerBase
 
 from workers.chunks.store import DEFAULT_NAMESPACE
 from workers.engines.base import (
+    PLAIN_MODE,
     BlendRequest,
     Engine,
     EngineLimits,
     Generation,
     PrefillStats,
+    PreparedRequest,
     StoredChunk,
     prefill_stats,
 )
 from workers.fuser import FusedPrompt, Fuser
-from workers.generation.prompt import PromptLayout
 from workers.generation.sampling import SamplingParams
 from workers.model.runner import ModelRunner
 from workers.vllm.blocks import injectable_tokens
@@ -33,7 +34,6 @@ from workers.vllm.paged_attention import PagedAttention
 from workers.vllm.params import ContextKVParams
 from workers.vllm.settings import VLLMSettings
 
-PLAIN_MODE = "full_prefill"  # served by vLLM alone: no fusion, no injection
 T = TypeVar("T")
 
 
@@ -98,17 +98,16 @@ class VLLMEngine(Engine):
         """Fuse the context (one request at a time), hand the request to vLLM, return at its first token."""
         start_s = time.perf_counter()
         prepared = self.prepare(request)
-        prompt, recompute_ratio, sampling = prepared.prompt, prepared.recompute_ratio, prepared.sampling
-        submitted = self._loop.call(lambda: self._submit(prompt, request, recompute_ratio, sampling))
+        submitted = self._loop.call(lambda: self._submit(prepared, request.namespace))
         tokens = iter(submitted.stream)
         try:
             first = next(tokens)
         except BaseException:
             self._loop.abort(submitted.stream)
             raise
-        stats = self._stats(request.mode, recompute_ratio, time.perf_counter() - start_s, prompt, submitted)
+        stats = prepared.stamp(self._stats(prepared, time.perf_counter() - start_s, submitted))
         return Generation(
-            stats, self._tokens(first, tokens, submitted.stream), self._write_back(prompt, request, submitted)
+            stats, self._tokens(first, tokens, submitted.stream), self._write_back(prepared, request, submitted)
         )
 
     def store_documents(self, documents: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[StoredChunk]:
@@ -134,17 +133,18 @@ class VLLMEngine(Engine):
 
     # ---------------- on the engine thread ----------------
 
-    def _submit(
-        self, prompt: PromptLayout, request: BlendRequest, recompute_ratio: float, sampling: SamplingParams
-    ) -> _Submitted:
-        params = self._vllm_params(sampling)
+    def _submit(self, prepared: PreparedRequest, namespace: str) -> _Submitted:
+        prompt = prepared.prompt
+        params = self._vllm_params(prepared.sampling)
         context = len(prompt.token_ids) - len(prompt.suffix_ids)
         fused, key, injected = None, None, 0
-        if request.mode != PLAIN_MODE and context > 0:
+        if prepared.mode != PLAIN_MODE and context > 0:
             # The fusion sees the whole prompt but computes KV for the context only: vLLM prefills the question.
             cache = self._buffer.take(context)
             try:
-                fused = self.fuser.fuse(prompt, request.mode, recompute_ratio, request.namespace, cache, kv_end=context)
+                fused = self.fuser.fuse(
+                    prompt, prepared.mode, prepared.recompute_ratio, namespace, cache, kv_end=context
+                )
                 injected = injectable_tokens(context, len(prompt.token_ids))
                 if injected > 0:
                     key = put_kv(cache.data[:, :, :context])
@@ -185,26 +185,29 @@ class VLLMEngine(Engine):
         finally:
             self._loop.abort(stream)  # no-op once vLLM finished it
 
-    def _write_back(self, prompt: PromptLayout, request: BlendRequest, submitted: _Submitted) -> Callable[[], None]:
-        fused = submitted.fused
+    def _write_back(
+        self, prepared: PreparedRequest, request: BlendRequest, submitted: _Submitted
+    ) -> Callable[[], None]:
+        fused, prompt = submitted.fused, prepared.prompt
 
         def write_back() -> None:
             if fused is not None and self.fuser.has_write_back(fused):
                 self._loop.call(lambda: self.fuser.write_back(fused, prompt, request.namespace))
+            if prepared.warms_chunks:
+                self._loop.call(lambda: self.warm(prepared, request.namespace))
 
         return write_back
 
-    def _stats(
-        self, mode: str, recompute_ratio: float, ttft_s: float, prompt: PromptLayout, submitted: _Submitted
-    ) -> PrefillStats:
+    def _stats(self, prepared: PreparedRequest, ttft_s: float, submitted: _Submitted) -> PrefillStats:
+        prompt = prepared.prompt
         num_tokens = len(prompt.token_ids)
         injected, fused = submitted.injected_tokens, submitted.fused
         logprobs = torch.full((self._vocab_size,), float("-inf"))
         for token, value in submitted.stream.first_logprobs.items():
             logprobs[token] = value
         return prefill_stats(
-            mode=mode if fused is None else fused.mode.name,
-            recompute_ratio=recompute_ratio if fused is None else fused.recompute_ratio,
+            mode=prepared.mode if fused is None else fused.mode.name,
+            recompute_ratio=prepared.recompute_ratio if fused is None else fused.recompute_ratio,
             ttft_s=ttft_s,
             num_prompt_tokens=num_tokens,
             context_tokens=num_tokens - len(prompt.suffix_ids),

@@ -36,6 +36,8 @@ BLEND_STATS = {
     "reused_tokens": {"ram": 40, "ssd": 10},
     "recomputed_tokens": 9,
     "worker": "worker-0",
+    "plan": "blend",
+    "predicted_ttft_s": 0.11,
 }
 
 

@@ -4,7 +4,7 @@ import json
 from collections.abc import AsyncIterator
 
 from cluster.api.request_models import ApiError
-from cluster.api.response_writer import DONE, ResponseFrame, sse
+from cluster.api.response_writer import DONE, ResponseFrame, blend_stats, sse
 from workers.worker import Event, Finished, TextDelta
 
 
@@ -45,3 +45,11 @@ def test_a_healthy_stream_has_no_error_event() -> None:
     chunks = events_of(ResponseFrame(True, "m"), healthy())
     assert chunks[-1] == DONE and not any(b'"error"' in chunk for chunk in chunks)
     assert len(chunks) == 5  # role, delta, closing chunk, usage, [DONE]
+
+
+def test_the_blend_stats_name_the_plan_that_ran_and_its_prediction() -> None:
+    planned = Finished("stop", 10, 2, 0.1, "full_prefill", 1.0, {}, 10, "w", "plain", 0.08)
+    stats = blend_stats(planned)
+    assert stats.plan == "plain" and stats.predicted_ttft_s == 0.08
+    unplanned = blend_stats(Finished("stop", 10, 2, 0.1, "cacheblend", 0.15, {}, 10, "w"))
+    assert unplanned.plan == "blend" and unplanned.predicted_ttft_s is None

@@ -71,8 +71,10 @@ def test_a_tier_with_a_good_mean_but_a_bad_tail_is_avoided() -> None:
     assert {action.tier for action in plan.actions} == {"ssd"}
     median_first = plan_loading(chunks, DELAYS, quantiles, ControllerOptions(objective="p50"))
     assert {action.tier for action in median_first.actions} == {"remote"}
-    assert plan.ttft_p95_s < predict_ttft_s(chunks, median_first.actions, plan.recompute_ratio, DELAYS, quantiles, "p95",
-                                            ControllerOptions())
+    median_first_p95_s = predict_ttft_s(
+        chunks, median_first.actions, plan.recompute_ratio, DELAYS, quantiles, "p95", ControllerOptions()
+    )
+    assert plan.ttft_p95_s < median_first_p95_s
 
 
 def test_a_chunk_slower_to_load_than_to_compute_is_recomputed() -> None:
