@@ -39,8 +39,8 @@ from scheduler.membership import Member
 from scheduler.placement import worker_locations
 from scheduler.router import Router, RouteReason
 from scheduler.scoring import Chunk
-from workers.chunks.kvplane_store import chunk_store_key
-from workers.chunks.sources import after_prefix
+from workers.chunks.kvplane_store import route_keys
+from workers.chunks.sources import ChunkSources
 from workers.engines.base import BlendRequest, EngineLimits
 from workers.fusion.registry import FUSION_MODES
 from workers.generation.prompt import PromptLayout, PromptTemplate
@@ -75,6 +75,7 @@ class Gateway:
         self.template = PromptTemplate(
             tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template
         )
+        self.sources = ChunkSources.for_model(config.engine.chunk_context, model)
         self.router = Router(config.router)
         self.admission = Admission(config.admission)
         self.metrics = ServeMetrics()
@@ -139,14 +140,13 @@ class Gateway:
     def _prepare_completion(
         self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, tenant: str
     ) -> tuple[PreparedRequest, PromptLayout]:
-        """Parse, check and lay out a completion request of `tenant` (4xx on a bad one); runs in a thread."""
+        """Parse and lay out a completion request of `tenant` (4xx on a bad one); runs in a thread."""
         request = parse_request(kind, body, self.config.limits)
         check_model(request.model, self.served_model)
         prepared = prepare_request(request, self.config)
-        blend = replace(prepared.blend, namespace=tenant)
-        prompt = self.template.layout(blend.documents, blend.question)
-        field = "messages" if kind is ChatCompletionRequest else "prompt"
-        check_served(blend, len(prompt.token_ids), self.limits, field)
+        prompt = self.template.layout(prepared.blend.documents, prepared.blend.question)
+        # Sent along: the worker runs this layout, never tokenizing the request again.
+        blend = replace(prepared.blend, namespace=tenant, prompt=prompt)
         return replace(prepared, blend=blend), prompt
 
     def _prepare_documents(self, body: bytes) -> tuple[DocumentsRequest, list[str], PromptLayout]:
@@ -217,13 +217,9 @@ class Gateway:
             self.limits = replace(self.limits, max_context_tokens=min(reported))
         if checked is not None:
             check_served(checked[0], len(prompt.token_ids), self.limits, checked[1])
-        context = prompt.prefix_ids if after_prefix(self.config.engine.chunk_context) else []
-        fingerprint = members[0].fingerprint
         bytes_per_token = self.values_per_token * dtype_width_bytes(members[0].report.dtype)
-        chunks = [
-            Chunk(chunk_store_key(fingerprint, tenant, ids, context), len(ids) * bytes_per_token)
-            for ids in prompt.chunk_ids
-        ]
+        keys = route_keys(self.sources, prompt, members[0].fingerprint, tenant)
+        chunks = [Chunk(key, len(ids) * bytes_per_token) for key, ids in zip(keys, prompt.chunk_ids)]
         copies = await self._copies([chunk.key for chunk in chunks]) if chunks else {}
         holders = {holder for found in copies.values() for holder, _ in found}
         shard_nodes = {h: h.removeprefix(SHARD_NAME_PREFIX) for h in holders if h.startswith(SHARD_NAME_PREFIX)}

@@ -10,9 +10,10 @@ from cluster.config import ServeConfig
 from cluster.gateway import Gateway
 from scheduler.membership import Member, WorkerReport
 from workers.engines.base import StoredChunk
+from workers.engines.torch_engine import load_torch_engine
 from workers.model.checkpoint import load_model_card
 from workers.model.default import prepare_default_model
-from workers.worker import Finished, Job, TextDelta
+from workers.worker import Finished, Job, TextDelta, Worker
 
 
 class ScriptedCluster:
@@ -128,3 +129,39 @@ def test_a_full_cluster_refuses_with_429_before_parsing_the_body(card):
     gate.admission.finish("w-a", 1.0)  # one slot free: requests are parsed and served again
     response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert response.choices[0].message.content == "Paris" and workers.calls == ["w-a"]
+
+
+class InProcessWorkers:
+    """The WorkerClient over one real Worker (torch engine, the default model) in this process."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def stream(self, job: Job, worker_id: str) -> AsyncIterator[TextDelta | Finished]:
+        for event in self.worker.run(job):
+            yield event
+
+    async def store_documents(self, documents: list[str], namespace: str, worker_id: str) -> list[StoredChunk]:
+        return self.worker.store_documents(documents, namespace)
+
+
+def test_a_request_is_tokenized_once_on_its_way_through_the_gateway_and_the_worker(card, monkeypatch):
+    engine = load_torch_engine(dtype="float32")
+    calls: list[str] = []
+    tokenizer_class = type(engine.tokenizer)
+    for name in ("__call__", "encode", "apply_chat_template"):
+        original = getattr(tokenizer_class, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(tokenizer_class, name, counted)
+    template = engine.fuser.template
+    template.layout(["Paris is in France."], "Where?")
+    one_layout = len(calls)  # what laying out one request costs the tokenizer
+    calls.clear()
+    gate = gateway(card, ScriptedCluster([Member("w-a", "n1", "fp")]), InProcessWorkers(Worker(engine, "w-a")))
+    response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
+    assert response.blend.worker == "w-a" and response.usage.prompt_tokens > 0
+    assert one_layout > 0 and len(calls) == one_layout, calls

@@ -1,4 +1,6 @@
 """Chunk KV kept in kvplane's tiered store, keyed by content under the model fingerprint and a tenant."""
+from typing import TYPE_CHECKING
+
 import xxhash
 
 from kvplane.entry import KVEntry
@@ -6,7 +8,11 @@ from kvplane.keys import chunk_key
 from kvplane.store import TieredStore
 from workers.chunks.impact import ImpactBook
 from workers.chunks.kv import ChunkKV, ChunkLayers
+from workers.chunks.sources import ChunkSources
 from workers.chunks.store import DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:  # annotations only, as in sources.py
+    from workers.generation.prompt import PromptLayout
 
 
 def chunk_store_key(fingerprint: str, namespace: str, token_ids: list[int], context_ids: list[int]) -> str:
@@ -15,6 +21,15 @@ def chunk_store_key(fingerprint: str, namespace: str, token_ids: list[int], cont
         context = b"".join(t.to_bytes(4, "little") for t in context_ids)
         namespace = f"{namespace}\0context:{xxhash.xxh3_128_hexdigest(context)}"
     return chunk_key(fingerprint, namespace, token_ids)
+
+
+def route_keys(sources: ChunkSources, prompt: "PromptLayout", fingerprint: str, namespace: str) -> list[str]:
+    """The key of the stored version each chunk of `prompt` reads at its place: what the worker looks up first."""
+    keys = []
+    for index, ids in enumerate(prompt.chunk_ids):
+        source = sources.read_at(index, prompt, namespace)
+        keys.append(chunk_store_key(fingerprint, source.namespace, ids, source.context_ids))
+    return keys
 
 
 class KVPlaneChunkStore:

@@ -29,6 +29,7 @@ class BlendRequest:
     recompute_ratio: float | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     namespace: str = DEFAULT_NAMESPACE
+    prompt: PromptLayout | None = None  # laid out by the gateway (token ids, chunk boundaries): not tokenized again
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +229,9 @@ class Engine(ABC):
 
     def prepare(self, request: BlendRequest) -> PreparedRequest:
         """Lay `request` out and check it against the limits; its ratio, and its stop tokens or the model's."""
-        prompt = self.fuser.layout(request.documents, request.question)
+        prompt = request.prompt
+        if prompt is None:
+            prompt = self.fuser.layout(request.documents, request.question)
         check_request(request, len(prompt.token_ids), self.limits)
         sampling = request.sampling
         if not sampling.stop_token_ids:
