@@ -146,8 +146,9 @@ class WorkerDeployment:
             self._ttfts = TtftWindow(window_s)
 
     async def stream(self, job: Job, worker_id: str | None = None) -> AsyncIterator[Event]:
+        received_s = time.perf_counter()  # TTFT counts from here: the wait for a slot is the worker's too
         async with self._slots:
-            async for event in _in_thread(self._worker.run(job)):
+            async for event in _in_thread(self._worker.run(job, received_s)):
                 if isinstance(event, Finished):
                     self._ttfts.add(event.ttft_s, time.monotonic())
                 yield event

@@ -79,7 +79,8 @@ class ServeMetrics:
         self.recompute_ratio.observe(finished.recompute_ratio)
         self.plans.labels(finished.plan).inc()
         if finished.predicted_ttft_s:
-            self.ttft_prediction_error.labels(finished.plan).observe(finished.ttft_s / finished.predicted_ttft_s)
+            engine_ttft_s = finished.ttft_s - finished.queued_s  # what the prediction is of: no queue wait
+            self.ttft_prediction_error.labels(finished.plan).observe(engine_ttft_s / finished.predicted_ttft_s)
 
     def set_state(
         self,

@@ -73,14 +73,16 @@ def stream_layers(
     promoting = index > 0
     copies: list[torch.Tensor] = []
     source = header
+    region = _whole_region(levels[index], key, header, source)
     for layer_index in range(header.num_layers):
-        layer = _read_layer(levels[index], key, header, source, layer_index)
+        layer = _read_layer(levels[index], key, header, source, layer_index, region)
         while layer is None:
             found = find_header(levels, key, index + 1, header)
             if found is None:
                 raise ChunkLost(f"{key}: layer {layer_index} is gone from every tier")
             index, source, _ = found
-            layer = _read_layer(levels[index], key, header, source, layer_index)
+            region = _whole_region(levels[index], key, header, source)
+            layer = _read_layer(levels[index], key, header, source, layer_index, region)
         if promoting:
             copies.append(clone_bytes(layer.reshape(-1).view(torch.uint8)))
         yield layer
@@ -97,10 +99,31 @@ def _complete_head(level: Level, key: str, head: torch.Tensor) -> torch.Tensor:
     return head if rest is None else torch.cat([head, rest])
 
 
-def _read_layer(level: Level, key: str, header: ChunkHeader, source: ChunkHeader, index: int) -> torch.Tensor | None:
-    """Layer `index` as laid out in `source`, checked against `header`; None if gone or damaged."""
+def _whole_region(level: Level, key: str, header: ChunkHeader, source: ChunkHeader) -> tuple[int, torch.Tensor] | None:
+    """Every layer of `source` in one read, with its start offset, where a read costs a round trip; else None."""
+    if not level.reads_whole or not source.layer_offsets:
+        return None
+    start = min(source.layer_offsets)
+    data = level.fetch(key, start, max(source.layer_offsets) + header.layer_nbytes)
+    return None if data is None else (start, data)
+
+
+def _read_layer(
+    level: Level,
+    key: str,
+    header: ChunkHeader,
+    source: ChunkHeader,
+    index: int,
+    region: tuple[int, torch.Tensor] | None = None,
+) -> torch.Tensor | None:
+    """Layer `index` as laid out in `source` (from `region` when read whole), checked against `header`; None if
+    gone or damaged."""
     offset = source.layer_offsets[index]
-    data = level.fetch(key, offset, offset + header.layer_nbytes)
+    if region is None:
+        data = level.fetch(key, offset, offset + header.layer_nbytes)
+    else:
+        start, whole = region
+        data = whole[offset - start : offset - start + header.layer_nbytes]
     if data is None:
         return None
     try:

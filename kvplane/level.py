@@ -40,6 +40,11 @@ class Level:
         return self.tier.name
 
     @property
+    def reads_whole(self) -> bool:
+        """Whether a read costs a round trip, so a chunk's layers come from one read."""
+        return self.tier.reads_whole
+
+    @property
     def is_down(self) -> bool:
         """Whether the last read or write of this tier failed (it is skipped until its backoff ends)."""
         return self._reads.tripped or self._writes.tripped

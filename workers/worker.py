@@ -1,4 +1,5 @@
 """A serving worker: runs jobs on its engine and reports text deltas, then one closing event with the stats."""
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -30,7 +31,7 @@ class Finished:
     finish_reason: str
     num_prompt_tokens: int
     num_completion_tokens: int
-    ttft_s: float
+    ttft_s: float  # from the job's arrival at the worker (its replica) to the first token
     mode: str
     recompute_ratio: float
     reused_tokens: dict[str, int] = field(default_factory=dict)
@@ -38,6 +39,7 @@ class Finished:
     worker: str = ""
     plan: str = BLEND_PLAN
     predicted_ttft_s: float | None = None
+    queued_s: float = 0.0  # of ttft_s, waiting for a slot on the worker before the engine took the job
 
 
 Event = TextDelta | Finished
@@ -54,8 +56,12 @@ class Worker:
         self.shadow = shadow
         self.blending_refused = blending_refused  # the canary gate failed at start: full prefill only
 
-    def run(self, job: Job) -> Iterator[Event]:
-        """Prefill, then stream the answer; a stop string ends decoding early."""
+    def run(self, job: Job, received_s: float | None = None) -> Iterator[Event]:
+        """Prefill, then stream the answer; a stop string ends decoding early.
+
+        `received_s` (time.perf_counter) is when the job reached the worker, if it waited for a slot.
+        """
+        queued_s = 0.0 if received_s is None else max(time.perf_counter() - received_s, 0.0)
         generation = self.engine.open(job.request)
         if self.shadow is not None:
             self.shadow.observe(job.request, generation.stats)  # after the first token: off the hot path
@@ -85,7 +91,7 @@ class Worker:
             finish_reason=finish_reason,
             num_prompt_tokens=stats.num_prompt_tokens,
             num_completion_tokens=num_tokens,
-            ttft_s=stats.ttft_s,
+            ttft_s=queued_s + stats.ttft_s,
             mode=stats.mode,
             recompute_ratio=stats.recompute_ratio,
             reused_tokens=dict(stats.reused_tokens_by_tier),
@@ -93,6 +99,7 @@ class Worker:
             worker=self.worker_id,
             plan=stats.plan,
             predicted_ttft_s=stats.predicted_ttft_s,
+            queued_s=queued_s,
         )
 
     def store_documents(self, documents: list[str], namespace: str) -> list[StoredChunk]:

@@ -25,6 +25,8 @@ class ShardTier:
 
     # Reads are labelled with the shard's own tier (ram, ssd) when the shard is on this node, else "remote".
 
+    reads_whole = True  # every read is a Ray call to the shard actor
+
     def __init__(
         self,
         directory: ShardDirectory,

@@ -25,6 +25,8 @@ _log = logging.getLogger(__name__)
 class FsspecTier:
     """Blobs as objects under a root URL; one PUT per blob (object stores publish PUTs atomically)."""
 
+    reads_whole = True  # every ranged read is a request to the object store
+
     def __init__(
         self,
         name: str,
@@ -110,6 +112,8 @@ def with_timeouts(protocol: str, options: dict[str, Any], timeout_s: float) -> d
 
 class LocalFileTier(FsspecTier):
     """Local disk (`file://`): writes go to a temp file renamed into place; reads land in one buffer."""
+
+    reads_whole = False  # a local read is cheap: stream layer by layer, overlapped with compute
 
     def put(self, key: str, blob: torch.Tensor) -> None:
         """Write beside the target, then rename: a crash mid-write never leaves a partial entry at `key`."""

@@ -77,6 +77,7 @@ class JitterTier:
         self.inner = tier
         self.name = tier.name
         self.capacity_bytes = tier.capacity_bytes
+        self.reads_whole = tier.reads_whole
         self.config = config
         self._sleep = sleep
         self._rng = random.Random(config.seed)

@@ -143,6 +143,7 @@ class TimedTier:
         self.inner = tier
         self.name = tier.name
         self.capacity_bytes = tier.capacity_bytes
+        self.reads_whole = tier.reads_whole
         self.telemetry = telemetry
         self.min_bytes = min_bytes
 

@@ -9,6 +9,8 @@ from kvplane.buffers import clone_bytes
 class MemoryTier:
     """Blobs held as uint8 tensors on `device`; reads hand out private copies."""
 
+    reads_whole = False  # a read is a slice in this process: layers are read one at a time
+
     def __init__(self, name: str, capacity_bytes: int, device: torch.device | str = "cpu") -> None:
         self.name = name
         self.capacity_bytes = capacity_bytes

@@ -17,6 +17,8 @@ class Tier(Protocol):
 
     name: str
     capacity_bytes: int
+    # Each read costs a round trip (a Ray call, an HTTP request): a chunk's layers are streamed from one read.
+    reads_whole: bool
 
     def put(self, key: str, blob: torch.Tensor) -> None:
         """Store `blob` under `key`, atomically: a reader sees the old state or the whole new blob."""

@@ -9,7 +9,7 @@ from kvplane.keys import key_path
 from kvplane.layer_stream import ChunkLost
 from kvplane.store import TieredStore
 from kvplane.tiers.memory import MemoryTier
-from kvplane.tiers.spec import TierSpec
+from kvplane.tiers.spec import TierSpec, open_tier
 from kvplane.tiers.tier import TierError
 from tests.kvplane.conftest import FINGERPRINT, EntryFactory
 
@@ -212,3 +212,44 @@ def test_listener_hears_placements_and_removals(make_entry: EntryFactory) -> Non
         store.put(entry)
         store.delete(entry.key)
     assert events == [(entry.key, "ram", encode(entry).numel()), (entry.key, "ram", 0)]
+
+
+class RoundTripTier(MemoryTier):
+    """A tier where each read costs a round trip (as a shard actor's or an object store's): reads are counted."""
+
+    reads_whole = True
+
+    def __init__(self, name: str, capacity_bytes: int) -> None:
+        super().__init__(name, capacity_bytes)
+        self.reads: list[tuple[int, int | None]] = []
+        self.damaged = False  # flip the last byte of every multi-layer read: its last layer fails its checksum
+
+    def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
+        self.reads.append((start, end))
+        data = super().read(key, start, end)
+        if data is not None and self.damaged and start > 0:
+            data[-1] ^= 1
+        return data
+
+
+def test_a_round_trip_tier_streams_every_layer_from_one_read(make_entry: EntryFactory) -> None:
+    entry = make_entry(12, num_layers=6, dtype=torch.float16)
+    remote = RoundTripTier("remote", 1 << 22)
+    with TieredStore([remote], "lru") as store:
+        store.put(entry)
+        store.flush()
+        remote.reads.clear()
+        stream = store.read_layers(entry.key)
+        assert torch.equal(torch.stack(list(stream)), entry.kv)
+    data_reads = [read for read in remote.reads if read[0] > 0]
+    assert len(data_reads) == 1  # the header probe, then every layer in one read (not six)
+
+
+def test_a_damaged_whole_read_falls_back_to_a_sound_copy_below(make_entry: EntryFactory, ssd_url: str) -> None:
+    entry = make_entry(13, num_layers=4, dtype=torch.float16)
+    remote = RoundTripTier("remote", 1 << 22)
+    with TieredStore([remote, open_tier(TierSpec("ssd", ssd_url, 1 << 22))], "lru") as store:
+        store.put(entry)
+        store.flush()
+        remote.damaged = True
+        assert torch.equal(torch.stack(list(store.read_layers(entry.key))), entry.kv)

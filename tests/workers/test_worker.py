@@ -1,4 +1,6 @@
 """The plain worker on the real model: streamed deltas equal the engine's answer; stop strings end decoding."""
+import time
+
 from workers.engines.base import BlendRequest
 from workers.engines.torch_engine import TorchEngine
 from workers.generation.sampling import SamplingParams
@@ -45,3 +47,14 @@ def test_stop_string_ends_decoding_early(checkpoint: Checkpoint, qa_records: lis
     assert full_text.startswith(text)
     assert stopped.finish_reason == "stop"
     assert stopped.num_completion_tokens < full.num_completion_tokens
+
+
+def test_ttft_counts_from_the_jobs_arrival_at_the_worker(checkpoint: Checkpoint, qa_records: list[dict]):
+    record = qa_records[2]
+    request = BlendRequest(record["documents"], record["question"], "full_prefill", 1.0, GREEDY)
+    worker = Worker(TorchEngine.from_checkpoint(checkpoint), "worker-c")
+    received_s = time.perf_counter() - 0.5  # as if it had waited half a second for a slot
+    events = list(worker.run(Job(request), received_s))
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.queued_s >= 0.5
+    assert finished.ttft_s > finished.queued_s  # the engine's own time to the first token comes on top

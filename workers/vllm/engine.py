@@ -34,6 +34,7 @@ from workers.vllm.paged_attention import PagedAttention
 from workers.vllm.params import ContextKVParams
 from workers.vllm.settings import VLLMSettings
 
+PREFIX_CACHE_TIER = "prefix_cache"  # reused tokens found in vLLM's own prefix cache
 T = TypeVar("T")
 
 
@@ -152,8 +153,12 @@ class VLLMEngine(Engine):
                     params.extra_args = {**(params.extra_args or {}), **extra}
             finally:
                 self._buffer.release(cache, key)  # reusable once the connector drops the KV (request finished)
+        request_id = uuid.uuid4().hex
+        vllm_prompt: dict[str, Any] = {"prompt_token_ids": prompt.token_ids}
+        if key is not None:  # fused KV in its blocks: a salt of its own keeps them out of every other request's hits
+            vllm_prompt["cache_salt"] = request_id
         try:
-            stream = self._loop.add_request(uuid.uuid4().hex, {"prompt_token_ids": prompt.token_ids}, params, key)
+            stream = self._loop.add_request(request_id, vllm_prompt, params, key)
         except BaseException:
             if key is not None:
                 drop_kv(key)
@@ -205,7 +210,7 @@ class VLLMEngine(Engine):
         logprobs = torch.full((self._vocab_size,), float("-inf"))
         for token, value in submitted.stream.first_logprobs.items():
             logprobs[token] = value
-        return prefill_stats(
+        stats = prefill_stats(
             mode=prepared.mode if fused is None else fused.mode.name,
             recompute_ratio=prepared.recompute_ratio if fused is None else fused.recompute_ratio,
             ttft_s=ttft_s,
@@ -217,6 +222,18 @@ class VLLMEngine(Engine):
             reused_tokens_by_tier=fused.reused_tokens_by_tier(injected) if fused is not None else {},
             first_token_logprobs=logprobs,
         )
+        if not injected:  # vLLM computed the prompt itself: what its prefix cache held was not recomputed
+            _count_prefix_hits(stats, min(submitted.stream.num_cached_tokens, num_tokens))
+        return stats
+
+
+def _count_prefix_hits(stats: PrefillStats, hit_tokens: int) -> None:
+    """Count the first `hit_tokens` of the prompt as reused from vLLM's prefix cache."""
+    if hit_tokens <= 0:
+        return
+    stats.reused_tokens_by_tier = {PREFIX_CACHE_TIER: hit_tokens}
+    stats.recomputed_tokens = stats.num_prompt_tokens - hit_tokens
+    stats.recomputed_fraction = max(stats.context_tokens - hit_tokens, 0) / max(stats.context_tokens, 1)
 
 
 def _model(engine: Any) -> torch.nn.Module:
@@ -228,7 +245,7 @@ def _model(engine: Any) -> torch.nn.Module:
 
 
 def _build_llm_engine(model_path: Path, settings: VLLMSettings, dtype: str) -> Any:
-    """vLLM's LLMEngine with BlendKVConnector, prefix caching off (fused KV must never be reused as exact)."""
+    """vLLM's LLMEngine with BlendKVConnector (and its prefix cache, which fused KV never enters unsalted)."""
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -240,7 +257,7 @@ def _build_llm_engine(model_path: Path, settings: VLLMSettings, dtype: str) -> A
         gpu_memory_utilization=settings.gpu_memory_utilization,
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
-        enable_prefix_caching=False,
+        enable_prefix_caching=settings.prefix_caching,
         kv_transfer_config=KVTransferConfig(**blend_kv_transfer_config()),
         disable_log_stats=True,
         kv_cache_memory_bytes=settings.kv_cache_bytes,

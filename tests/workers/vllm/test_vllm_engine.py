@@ -11,7 +11,7 @@ if importlib.util.find_spec("vllm") is None:
 
 from vllm import SamplingParams as VLLMSamplingParams  # noqa: E402
 
-from tests.workers.vllm.conftest import DATA_FILE, LOGPROB_ATOL  # noqa: E402
+from tests.workers.vllm.conftest import BLOCK, DATA_FILE, LOGPROB_ATOL  # noqa: E402
 from workers.chunks.variants import VariantIndex, VariantRules, chunk_keys  # noqa: E402
 from workers.engines.base import BlendRequest  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
@@ -120,6 +120,20 @@ def test_misses_are_written_back_and_reordered_chunks_hit(vllm_engine, records) 
     tokens, again = _answer(vllm_engine, reordered, question, namespace="writeback")
     assert tokens and again.reused_tokens > 0.5 * again.context_tokens
     assert again.recomputed_tokens < again.num_prompt_tokens
+
+
+def test_plain_requests_share_vllms_prefix_cache_and_fused_kv_never_enters_it(vllm_engine, records) -> None:
+    docs, question = records[1]
+    _answer(vllm_engine, docs, question, namespace="salted")  # chunks computed and written back
+    _, fused = _answer(vllm_engine, docs, question, namespace="salted")
+    assert fused.reused_tokens > 0  # every chunk hit: fused KV injected into vLLM's blocks, under its own salt
+    plain_tokens, plain = _answer(vllm_engine, docs, question, "full_prefill")
+    # Only whole blocks vLLM computed itself may hit: at most the template's first block, never the fused context.
+    assert plain.reused_tokens_by_tier.get("prefix_cache", 0) <= BLOCK < plain.context_tokens
+    repeat_tokens, repeat = _answer(vllm_engine, docs, question, "full_prefill")
+    hit = repeat.reused_tokens_by_tier["prefix_cache"]
+    assert hit >= plain.num_prompt_tokens - BLOCK and repeat.recomputed_tokens == repeat.num_prompt_tokens - hit
+    assert repeat_tokens == plain_tokens
 
 
 def test_concurrent_blended_requests_are_batched_and_answer_like_one_at_a_time(vllm_engine, records) -> None:
