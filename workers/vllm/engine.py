@@ -154,9 +154,10 @@ class VLLMEngine(Engine):
             finally:
                 self._buffer.release(cache, key)  # reusable once the connector drops the KV (request finished)
         request_id = uuid.uuid4().hex
-        vllm_prompt: dict[str, Any] = {"prompt_token_ids": prompt.token_ids}
-        if key is not None:  # fused KV in its blocks: a salt of its own keeps them out of every other request's hits
-            vllm_prompt["cache_salt"] = request_id
+        # vLLM's prefix cache is shared by the requests of one tenant (its namespace salts their blocks, as the
+        # chunk store keeps tenants apart); fused KV gets a salt of its own, so no other request ever hits it.
+        salt = namespace if key is None else request_id
+        vllm_prompt: dict[str, Any] = {"prompt_token_ids": prompt.token_ids, "cache_salt": salt}
         try:
             stream = self._loop.add_request(request_id, vllm_prompt, params, key)
         except BaseException:

