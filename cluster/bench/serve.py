@@ -104,7 +104,7 @@ def run_benchmark(plan: BenchPlan, command: str = "") -> dict[str, Any]:
         _log.info("bench: %s done", name)
     return {
         "command": command,
-        "machine": {**measured_on(plan.shape.dtype), "cpu_model": _cpu_model(), "num_cpus": os.cpu_count()},
+        "machine": {**measured_on(plan.shape.dtype), "cpu_model": cpu_model(), "num_cpus": os.cpu_count()},
         "versions": _versions(),
         "engine": {
             "model": plan.shape.served_name, "dtype": plan.shape.dtype, "max_model_len": plan.shape.max_model_len,
@@ -267,7 +267,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 3) if numerator and denominator else None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
