@@ -27,6 +27,7 @@ from workers.fusion.base import FallbackOptions, FusionOptions
 from workers.generation.prompt import PromptTemplate
 from workers.guardrails.guards import guarded_fuser
 from workers.guardrails.shadow import ShadowSampler, ShadowSummary
+from workers.loading.planner import RequestPlanner
 from workers.model.checkpoint import load_checkpoint
 from workers.model.default import prepare_default_model
 from workers.model.dtype import Hardware, resolve_dtype, torch_dtype
@@ -89,7 +90,7 @@ def load_worker(config: ServeConfig, worker_id: str, tiered: TieredStore) -> tup
     engine = open_engine(config, path, dtype, lambda runner: serving_fuser(config, runner, tiered))
     fuser = engine.fuser
     if config.fusion.plan == "auto" and fuser.blending_refused is None:
-        engine.planner = calibrate_planner(engine, config.fusion.mode, config.fusion.recompute_ratio)
+        engine.planner = RequestPlanner(calibrate_planner(engine, config.fusion.mode, config.fusion.recompute_ratio))
     guardrails = config.guardrails
     shadow = ShadowSampler(engine, guardrails.shadow_fraction) if guardrails.shadow_fraction > 0 else None
     return Worker(engine, worker_id, shadow, fuser.blending_refused is not None), fuser.runner.checkpoint.fingerprint

@@ -13,7 +13,8 @@ from workers.fusion.base import FusionMode
 from workers.fusion.baselines.full_prefill import FullPrefill
 from workers.generation.prompt import PromptLayout
 from workers.generation.sampling import SamplingParams
-from workers.loading.request_plan import BLEND_PLAN, PLAIN_PLAN, PrefillCosts, RequestPlan
+from workers.loading.planner import RequestPlanner
+from workers.loading.request_plan import BLEND_PLAN, PLAIN_PLAN, RequestPlan
 from workers.model.runner import ModelRunner
 
 PLAIN_MODE = FullPrefill.name  # the whole prompt prefilled as is: no chunk KV read, exact by construction
@@ -206,7 +207,7 @@ class Engine(ABC):
     fuser: FusionCore  # the fusion core the engine composes
     stop_token_ids: tuple[int, ...]  # end-of-sequence ids used when a request names none
     max_concurrent_jobs: int = 1  # jobs its worker may run at once (an engine that batches says more)
-    planner: PrefillCosts | None = None  # measured at worker start; None: every request runs as asked
+    planner: RequestPlanner | None = None  # its curves measured at worker start; None: every request runs as asked
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -245,8 +246,13 @@ class Engine(ABC):
         """The planner's choice for a request in the mode and ratio it measured (others run as asked)."""
         if self.planner is None or not self.planner.prices(request.mode, recompute_ratio):
             return None
-        missed_tokens = self.fuser.missed_tokens(prompt, request.namespace)
-        return self.planner.choose(len(prompt.token_ids), missed_tokens)
+        return self.planner.plan(len(prompt.token_ids), self.fuser.missed_tokens(prompt, request.namespace))
+
+    def planned_stats(self, prepared: PreparedRequest, stats: "PrefillStats") -> "PrefillStats":
+        """The stats stamped with the plan that ran; its measured TTFT corrects that plan's curve."""
+        if prepared.plan is not None and self.planner is not None:
+            self.planner.observe(prepared.plan, stats.ttft_s)
+        return prepared.stamp(stats)
 
     def warm(self, prepared: PreparedRequest, namespace: str) -> None:
         """After a plain answer that missed chunks worth blending next time: store them (off the first token)."""

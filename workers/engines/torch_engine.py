@@ -74,7 +74,7 @@ class TorchEngine(Engine):
         fused = self.fuser.fuse(prompt, prepared.mode, prepared.recompute_ratio, request.namespace, cache)
         first_logits = runner.logits(fused.prefill.last_hidden[None])[0]
         layout = fused.layout
-        stats = prepared.stamp(prefill_stats(
+        stats = self.planned_stats(prepared, prefill_stats(
             mode=fused.mode.name,
             recompute_ratio=fused.recompute_ratio,
             ttft_s=time.perf_counter() - start_s,

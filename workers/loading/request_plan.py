@@ -46,6 +46,12 @@ class RequestPlan:
     predicted_ttft_s: float
     other_ttft_s: float
     warm_chunks: bool = False  # plain now, but with the missed chunks stored blending would be faster
+    factor: float = 1.0  # the correction in predicted_ttft_s (measured over the curve's prediction so far)
+
+    @property
+    def curve_ttft_s(self) -> float:
+        """The prediction of the curve alone, before the correction."""
+        return self.predicted_ttft_s / self.factor
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +73,14 @@ class PrefillCosts:
         plain_per_token_s = self.plain.predict_s(num_tokens) / max(num_tokens, 1)
         return self.blend.predict_s(num_tokens) + plain_per_token_s * missed_tokens
 
-    def choose(self, num_tokens: int, missed_tokens: int) -> RequestPlan:
-        """The faster plan; a tie blends (it also keeps the chunks' KV warm)."""
-        blend_s, plain_s = self.blend_s(num_tokens, missed_tokens), self.plain.predict_s(num_tokens)
+    def choose(
+        self, num_tokens: int, missed_tokens: int, blend_factor: float = 1.0, plain_factor: float = 1.0
+    ) -> RequestPlan:
+        """The faster plan, each curve scaled by its factor (measured over predicted); a tie blends (it also
+        keeps the chunks' KV warm)."""
+        blend_s = blend_factor * self.blend_s(num_tokens, missed_tokens)
+        plain_s = plain_factor * self.plain.predict_s(num_tokens)
         if plain_s < blend_s:
-            warm = missed_tokens > 0 and self.blend_s(num_tokens, 0) < plain_s
-            return RequestPlan(PLAIN_PLAN, plain_s, blend_s, warm)
-        return RequestPlan(BLEND_PLAN, blend_s, plain_s)
+            warm = missed_tokens > 0 and blend_factor * self.blend_s(num_tokens, 0) < plain_s
+            return RequestPlan(PLAIN_PLAN, plain_s, blend_s, warm, plain_factor)
+        return RequestPlan(BLEND_PLAN, blend_s, plain_s, factor=blend_factor)

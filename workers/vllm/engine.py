@@ -106,7 +106,7 @@ class VLLMEngine(Engine):
         except BaseException:
             self._loop.abort(submitted.stream)
             raise
-        stats = prepared.stamp(self._stats(prepared, time.perf_counter() - start_s, submitted))
+        stats = self.planned_stats(prepared, self._stats(prepared, time.perf_counter() - start_s, submitted))
         return Generation(
             stats, self._tokens(first, tokens, submitted.stream), self._write_back(prepared, request, submitted)
         )

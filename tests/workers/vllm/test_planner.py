@@ -9,6 +9,7 @@ if importlib.util.find_spec("vllm") is None:
 from workers.engines.base import BlendRequest  # noqa: E402
 from workers.engines.calibration import calibrate_planner, synthetic_documents  # noqa: E402
 from workers.generation.sampling import SamplingParams  # noqa: E402
+from workers.loading.planner import RequestPlanner  # noqa: E402
 from workers.loading.request_plan import PrefillCosts, PrefillCurve  # noqa: E402
 
 # Plain costs 1 s whatever the size; blending 0.5 s with every chunk cached, and each missed token at plain's cost.
@@ -34,7 +35,7 @@ def test_a_plain_plan_is_full_prefill_and_stores_the_missed_chunks_for_the_next_
                            SamplingParams(max_new_tokens=8), namespace="planner-test")
     exact, _ = _answer(vllm_engine, BlendRequest(documents, request.question, "full_prefill", None,
                                                  request.sampling, namespace="planner-elsewhere"))
-    vllm_engine.planner = FORCED
+    vllm_engine.planner = RequestPlanner(FORCED)
     try:
         plain_tokens, plain = _answer(vllm_engine, request)  # every chunk missed: 0.5 s + 1 s > 1 s
         blended_tokens, blended = _answer(vllm_engine, request)  # stored after the plain answer: 0.5 s < 1 s
@@ -49,7 +50,7 @@ def test_a_plain_plan_is_full_prefill_and_stores_the_missed_chunks_for_the_next_
 def test_requests_the_planner_did_not_measure_run_as_asked(vllm_engine) -> None:
     request = BlendRequest(synthetic_documents(256), "Which survey counted most mosses?", "cacheblend", 0.5,
                            SamplingParams(max_new_tokens=2), namespace="planner-test")
-    vllm_engine.planner = FORCED
+    vllm_engine.planner = RequestPlanner(FORCED)
     try:
         _, stats = _answer(vllm_engine, request)
     finally:
