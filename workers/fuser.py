@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerBase
 from kvplane.layer_stream import ChunkLost
 from workers.chunks.kv import compute_chunk_kv
 from workers.chunks.lookup import LookupResult, lookup_layout
-from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT, PREFIX_INDEX, ChunkSources
+from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT, ChunkSources, prompt_parts
 from workers.chunks.store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore, record_impact, stored_impact
 from workers.chunks.variants import Variant, VariantIndex, chunk_keys
 from workers.engines.base import StoredChunk
@@ -34,7 +34,7 @@ class FusedPrompt:
     prefill: PrefillResult
     layout: BlendLayout
     mode: FusionMode
-    recompute_ratio: float  # the recompute_ratio the pass ran at: the controller's choice, or raised by the check layer
+    recompute_ratio: float  # the ratio the pass ran at: the controller's choice, or raised by the check layer
 
     def reused_tokens_by_tier(self, end: int | None = None) -> dict[str, int]:
         """Tokens of reused KV before position `end` (all by default), per tier they were found in."""
@@ -55,7 +55,7 @@ class FusedPrompt:
 class Fuser:
     """One model's fusion: the runner it computes with, its modes, chunk store, prompt template and KV loader.
 
-    With a `controller`, each request's recompute_ratio and per-chunk tier or recompute follow its plan. With
+    With a `controller`, each request's ratio and per-chunk tier or recompute follow its plan. With
     `blending_refused` (the canary gate failed), every mode that reads cached chunks serves full prefill.
     `modes`: the registry requests choose from by name (every registered mode by default). With `variants`,
     chunks are read from their best-fitting variant, and write-back makes variants where they would pay off.
@@ -110,11 +110,10 @@ class Fuser:
 
     def missed_tokens(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Tokens of the prompt's prefix and chunks whose KV, as this request reads it, no tier holds now."""
-        parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
         missed = 0
-        for index, ids in parts:
+        for index, ids in prompt_parts(prompt):
             source = self.sources.read_at(index, prompt, namespace)
-            if not self.store.tiers_of(ids, source.context_ids, source.namespace):
+            if not self.store.contains(ids, source.context_ids, source.namespace):
                 missed += len(ids)
         return missed
 
@@ -254,7 +253,7 @@ class Fuser:
         missing = [
             source
             for source in self.sources.versions(is_prefix, prompt, namespace)
-            if not self.store.tiers_of(ids, source.context_ids, source.namespace)
+            if not self.store.contains(ids, source.context_ids, source.namespace)
         ]
         for source in missing:
             chunk = compute_chunk_kv(self.runner, ids, source.context_ids, source.hides_context)

@@ -81,6 +81,10 @@ class KVPlaneChunkStore:
         """The tiers holding the chunk, fastest first."""
         return self.tiered.tiers_holding(self.key(token_ids, context_ids, namespace))
 
+    def contains(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Whether some tier holds the chunk: the fastest that knows it answers, no slower one is asked."""
+        return self.tiered.contains(self.key(token_ids, context_ids, namespace))
+
     def flush(self) -> None:
         """Finish the background writes to the lower tiers."""
         self.tiered.flush()

@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 
 from workers.chunks.kv import ChunkLayers
-from workers.chunks.sources import PREFIX_INDEX, ChunkSources
+from workers.chunks.sources import PREFIX_INDEX, ChunkSources, prompt_parts
 from workers.chunks.store import ChunkStore, stored_impact
 from workers.chunks.variants import VariantIndex, chunk_keys
 from workers.fusion.layout import BlendLayout
@@ -40,7 +40,7 @@ def lookup_layout(
     from its best-fitting variant where one fits well enough.
     """
     kv_end = len(prompt.token_ids) if kv_end is None else kv_end
-    parts = ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
+    parts = prompt_parts(prompt)
     read = {index: sources.read_at(index, prompt, namespace) for index, _ in parts}
     base_context = sources.context_ids(False, prompt)  # variants and impacts are keyed by the base version
     tiers: dict[int, str | None] = {index: None for index, _ in parts}

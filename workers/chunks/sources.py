@@ -77,6 +77,11 @@ class ChunkSources:
         return versions[1] if blind else versions[0]
 
 
+def prompt_parts(prompt: "PromptLayout") -> list[tuple[int, list[int]]]:
+    """A prompt's cached parts in order, each with its index: the prefix (PREFIX_INDEX) if any, then the chunks."""
+    return ([(PREFIX_INDEX, prompt.prefix_ids)] if prompt.prefix_ids else []) + list(enumerate(prompt.chunk_ids))
+
+
 def past_the_prefix(start: int, num_tokens: int, num_prefix_tokens: int, window_tokens: int) -> bool:
     """Whether most of a chunk's tokens, at positions start.., see none of the prefix in a sliding window."""
     first_blind = num_prefix_tokens - 1 + window_tokens  # the first position whose window has left the prefix

@@ -36,6 +36,9 @@ class ChunkStore(Protocol):
     def tiers_of(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> list[str]:
         """The tiers holding the chunk, fastest first (empty when not cached)."""
 
+    def contains(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Whether some tier holds the chunk (asks no slower tier once a faster one has it)."""
+
     def key(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> str:
         """The key the chunk is filed under."""
 
@@ -82,7 +85,10 @@ class LocalChunkStore:
         self.entries.pop((namespace, tuple(context_ids), tuple(token_ids)), None)
 
     def tiers_of(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> list[str]:
-        return [LOCAL_TIER] if (namespace, tuple(context_ids), tuple(token_ids)) in self.entries else []
+        return [LOCAL_TIER] if self.contains(token_ids, context_ids, namespace) else []
+
+    def contains(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> bool:
+        return (namespace, tuple(context_ids), tuple(token_ids)) in self.entries
 
     def key(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> str:
         ids = b"".join(t.to_bytes(4, "little") for t in [*context_ids, -1 & 0xFFFFFFFF, *token_ids])
