@@ -159,7 +159,8 @@ def bench_serve(
     num_requests: int = typer.Option(None, min=1, help="Requests of the workload to send (default: all)."),
     offset: int = typer.Option(0, min=0, help="Skip this many workload requests first."),
     rate: str = typer.Option("inf", help="Requests/s, comma-separated for several load points (inf: at once)."),
-    concurrency: int = typer.Option(None, min=1, help="Requests in flight at most (instead of pacing by rate)."),
+    concurrency: str = typer.Option(
+        None, help="Requests in flight at most, comma-separated for several load points (instead of --rate)."),
     burstiness: float = typer.Option(1.0, min=0.01, help="Gamma arrivals' shape; 1 is Poisson (vLLM's definition)."),
     max_tokens: int = typer.Option(32, min=1, help="Tokens generated per answer (greedy, both systems)."),
     precompute: bool = typer.Option(False, help="Store every workload document in blendserve before timing."),
@@ -191,8 +192,11 @@ def bench_serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     rates = [math.inf if r.strip() == "inf" else float(r) for r in rate.split(",") if r.strip()]
-    points = tuple(LoadPoint(concurrency=concurrency) for _ in rates[:1]) if concurrency else \
-        tuple(LoadPoint(rate_rps=r) for r in rates)
+    try:
+        limits = [int(c) for c in concurrency.split(",") if c.strip()] if concurrency else []
+    except ValueError as error:
+        raise typer.BadParameter(f"--concurrency takes integers, comma-separated: {error}") from error
+    points = tuple(LoadPoint(concurrency=c) for c in limits) or tuple(LoadPoint(rate_rps=r) for r in rates)
     model_path = model or prepare_default_model()
     base = yaml.safe_load(config.read_text()) if config else {}
     served_name = (base.get("model") or {}).get("name") or (

@@ -30,7 +30,7 @@ from workers.guardrails.shadow import ShadowSampler, ShadowSummary
 from workers.loading.planner import RequestPlanner
 from workers.model.checkpoint import load_checkpoint
 from workers.model.default import prepare_default_model
-from workers.model.dtype import Hardware, resolve_dtype, torch_dtype
+from workers.model.dtype import AUTO, Hardware, resolve_dtype, torch_dtype
 from workers.model.runner import ModelRunner
 from workers.worker import Worker
 
@@ -75,10 +75,18 @@ def open_serving_tiered_store(
 
 
 def worker_dtype(config: ServeConfig, path: Path) -> str:
-    """The configured dtype made concrete for this machine (the torch engine computes on the CPU)."""
+    """The configured dtype made concrete: `auto` once per deployment, by the first worker's hardware."""
     vllm = config.engine.kind == "vllm"
     on_gpu = vllm and config.engine.vllm.device != "cpu" and torch.cuda.is_available()
-    return resolve_dtype(config.model.dtype, path, on_gpu)
+    own = resolve_dtype(config.model.dtype, path, on_gpu)
+    if config.model.dtype != AUTO:
+        return own
+    # The dtype is part of every chunk key: workers that chose apart would never share a chunk.
+    settled = ray.get(launch_membership().settle_dtype.remote(config.model.served_name, own))
+    if settled != own:
+        _log.warning("blendserve: model.dtype auto is %s for this deployment; this machine alone would choose %s "
+                     "(%s)", settled, own, Hardware.detect().description)
+    return settled
 
 
 def load_worker(config: ServeConfig, worker_id: str, tiered: TieredStore) -> tuple[Worker, str]:
@@ -127,7 +135,8 @@ class Heartbeat:
     """Tells the membership actor every second that this worker is up, with its evictions and guardrails."""
 
     def __init__(
-        self, worker: Worker, node_id: str, fingerprint: str, tiered: TieredStore, directory: ShardDirectory | None
+        self, worker: Worker, node_id: str, fingerprint: str, tiered: TieredStore, directory: ShardDirectory | None,
+        model: str,
     ) -> None:
         self._membership = launch_membership()
         self._args = (worker.worker_id, node_id, fingerprint)
@@ -135,6 +144,7 @@ class Heartbeat:
         self._tiered = tiered
         self._directory = directory
         self._hardware = Hardware.detect().description
+        self._model = model
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="blendserve-heartbeat", daemon=True)
         self.beat()
@@ -146,6 +156,7 @@ class Heartbeat:
         shadow = self._worker.shadow
         report = WorkerReport(
             dtype=str(self._worker.engine.dtype).removeprefix("torch."),
+            model=self._model,
             hardware=self._hardware,
             max_context_tokens=self._worker.engine.limits.max_context_tokens,
             evictions=evictions,
@@ -177,7 +188,7 @@ def start_worker(config: ServeConfig, worker_id: str) -> tuple[Worker, Heartbeat
     node_id = ray.get_runtime_context().get_node_id()
     tiered, directory = open_serving_tiered_store(config, worker_id, node_id)
     worker, fingerprint = load_worker(config, worker_id, tiered)
-    return worker, Heartbeat(worker, node_id, fingerprint, tiered, directory)
+    return worker, Heartbeat(worker, node_id, fingerprint, tiered, directory, config.model.served_name)
 
 
 def shadow_report(summary: ShadowSummary) -> dict[str, float]:

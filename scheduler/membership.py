@@ -17,6 +17,7 @@ class WorkerReport:
     """What a worker tells with each heartbeat: how it computes, its cache evictions and its quality guardrails."""
 
     dtype: str = ""  # the concrete compute dtype, e.g. "bfloat16"
+    model: str = ""  # the served model's name (its checkpoint folder)
     hardware: str = ""  # e.g. "cpu AVX2, emulated bf16"
     max_context_tokens: int = 0  # the engine's real context limit (prompt plus generated tokens); 0: not said
     evictions: dict[str, int] = field(default_factory=dict)  # tier -> chunks evicted so far
@@ -44,6 +45,15 @@ class Membership:
         self._timeout_s = timeout_s
         self._now_s = now_s
         self._members: dict[str, Member] = {}
+        self._dtypes: dict[str, str] = {}  # model name -> the dtype `auto` settled on
+
+    def settle_dtype(self, model: str, proposed: str) -> str:
+        """The cluster's one compute dtype for `model` under `auto`: what its live workers run, else `proposed`."""
+        check(bool(proposed), "proposed", "a concrete dtype name", proposed)
+        if model not in self._dtypes:  # a restarted actor learns it again from the workers' heartbeats
+            running = [m.report.dtype for m in self.members() if m.report.dtype and m.report.model == model]
+            self._dtypes[model] = running[0] if running else proposed
+        return self._dtypes[model]
 
     def heartbeat(self, worker_id: str, node_id: str, fingerprint: str, report: WorkerReport) -> None:
         """A worker is alive (and ready); joining is the first heartbeat."""

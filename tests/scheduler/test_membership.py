@@ -34,3 +34,17 @@ def test_bad_arguments_are_refused():
         Membership(timeout_s=0)
     with pytest.raises(ValueError, match="worker_id"):
         Membership().heartbeat("", "node", "fp", WorkerReport())
+
+
+def test_auto_dtype_is_settled_once_per_model_and_relearned_from_running_workers():
+    membership = Membership()
+    assert membership.settle_dtype("smol", "bfloat16") == "bfloat16"
+    assert membership.settle_dtype("smol", "float32") == "bfloat16"  # a later worker of another CPU kind follows
+    assert membership.settle_dtype("gemma", "float32") == "float32"
+    restarted = Membership()  # the actor restarted empty: the heartbeats tell what the model runs in
+    restarted.heartbeat("w1", "node-a", "fp", WorkerReport(dtype="float32", model="gemma"))
+    restarted.heartbeat("w2", "node-a", "fp", WorkerReport(dtype="bfloat16", model="smol"))
+    assert restarted.settle_dtype("smol", "float32") == "bfloat16"
+    assert restarted.settle_dtype("other", "float32") == "float32"
+    with pytest.raises(ValueError, match="proposed"):
+        restarted.settle_dtype("smol", "")

@@ -11,20 +11,25 @@ from workers.model.dtype import (
     Hardware,
     checkpoint_dtype,
     choose_dtype,
+    cpu_vendor,
     dtype_width_bytes,
     measured_on,
     torch_dtype,
 )
 from workers.model.fingerprint import model_fingerprint
 
-ZEN3 = Hardware(cuda=False, cpu_native_bf16=False, cpu_capability="AVX2")
-ZEN4 = Hardware(cuda=False, cpu_native_bf16=True, cpu_capability="AVX512")
-GPU = Hardware(cuda=True, cpu_native_bf16=False, cpu_capability="AVX2")
+AMD, INTEL = "AuthenticAMD", "GenuineIntel"
+ZEN3 = Hardware(cuda=False, cpu_native_bf16=False, cpu_capability="AVX2", cpu_vendor=AMD)
+ZEN4 = Hardware(cuda=False, cpu_native_bf16=True, cpu_capability="AVX512", cpu_vendor=AMD)
+XEON_AMX = Hardware(cuda=False, cpu_native_bf16=True, cpu_capability="AVX512", cpu_amx=True, cpu_vendor=INTEL)
+XEON_BF16_NO_AMX = Hardware(cuda=False, cpu_native_bf16=True, cpu_capability="AVX512", cpu_vendor=INTEL)
+GPU = Hardware(cuda=True, cpu_native_bf16=False, cpu_capability="AVX2", cpu_vendor=INTEL)
 
 
 @pytest.mark.parametrize(
     "hardware,model_dtype,expected",
     [(ZEN3, "bfloat16", "float32"), (ZEN4, "bfloat16", "bfloat16"), (ZEN4, "float32", "bfloat16"),
+     (XEON_AMX, "bfloat16", "bfloat16"), (XEON_BF16_NO_AMX, "bfloat16", "float32"),
      (GPU, "bfloat16", "bfloat16"), (GPU, "float16", "float16"), (GPU, "float32", "float32")],
 )
 def test_auto_follows_the_hardware_and_on_gpu_the_model(hardware: Hardware, model_dtype: str, expected: str) -> None:
@@ -53,7 +58,18 @@ def test_detected_hardware_matches_torch() -> None:
     assert hardware.cpu_capability == torch.backends.cpu.get_cpu_capability()
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert hardware.cpu_native_bf16 == native
+    assert hardware.cpu_amx == torch.cpu._is_amx_tile_supported()
+    assert hardware.cpu_vendor in {AMD, INTEL, ""}
     assert measured_on(torch.float32) == {"dtype": "float32", "hardware": hardware.description}
+
+
+def test_cpu_vendor_reads_cpuinfo(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n")
+    assert cpu_vendor(cpuinfo) == AMD
+    cpuinfo.write_text("processor\t: 0\n")
+    assert cpu_vendor(cpuinfo) == ""
+    assert cpu_vendor(tmp_path / "missing") == ""
 
 
 def test_widths_and_names() -> None:
