@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
@@ -14,10 +14,14 @@ from kvplane.tiers.fs import DEFAULT_TIMEOUT_S
 from kvplane.tiers.spec import TierSpec
 from workers.chunks.sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
 from workers.fusion.registry import FUSION_MODES
-from workers.generation.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE
+from workers.generation.conversation import CHUNK_CONTEXTS_WITH_SYSTEM, DOCUMENT_PLACES
+from workers.generation.prompt import DEFAULT_INSTRUCTION, DEFAULT_QUESTION_TEMPLATE, PromptTemplate
 from workers.model.default import DEFAULT_MODEL_NAME
 from workers.model.dtype import AUTO, DTYPE_CHOICES
 from workers.vllm.settings import VLLMSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -78,10 +82,26 @@ class PromptConfig:
     instruction: str = DEFAULT_INSTRUCTION
     question_template: str = DEFAULT_QUESTION_TEMPLATE
     use_chat_template: bool = True
+    # Where a chat's documents go: "start" (after the system message, before the earlier turns) or "last"
+    # (in the last user message, after the earlier turns).
+    documents_at: str = "start"
+    # What chunk KV is computed after: "default_prefix" (the template's own, so chunks are reused under every
+    # system prompt; the fusion recomputes what the difference touches) or "request_prefix" (exact, per prompt).
+    chunks_after: str = "default_prefix"
 
     def __post_init__(self) -> None:
         names = {name for _, name, _, _ in string.Formatter().parse(self.question_template) if name is not None}
         check(names == {"question"}, "question_template", "a template whose only field is {question}", names)
+        places = list(DOCUMENT_PLACES)
+        check(self.documents_at in DOCUMENT_PLACES, "documents_at", f"one of {places}", self.documents_at)
+        check(self.chunks_after in CHUNK_CONTEXTS_WITH_SYSTEM, "chunks_after",
+              f"one of {list(CHUNK_CONTEXTS_WITH_SYSTEM)}", self.chunks_after)
+
+    def template(self, tokenizer: "PreTrainedTokenizerBase") -> PromptTemplate:
+        """This prompt over a model's tokenizer."""
+        return PromptTemplate(
+            tokenizer, self.instruction, self.question_template, self.use_chat_template, self.chunks_after
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from workers.chunks.kvplane_store import route_keys
 from workers.chunks.sources import ChunkSources
 from workers.engines.base import BlendRequest, EngineLimits
 from workers.fusion.registry import FUSION_MODES
-from workers.generation.prompt import PromptLayout, PromptTemplate
+from workers.generation.prompt import PromptLayout
 from workers.model.config import ModelConfig
 from workers.model.dtype import dtype_width_bytes
 from workers.worker import Event, Finished, Job
@@ -71,10 +71,7 @@ class Gateway:
         self.limits = EngineLimits(model.max_position_embeddings, frozenset(FUSION_MODES))
         # K and V of one token in every layer, per byte of the workers' dtype (they report it).
         self.values_per_token = model.num_layers * 2 * model.num_kv_heads * model.head_dim
-        prompt = config.prompt
-        self.template = PromptTemplate(
-            tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template
-        )
+        self.template = config.prompt.template(tokenizer)
         self.sources = ChunkSources.for_model(config.engine.chunk_context, model)
         self.router = Router(config.router)
         self.admission = Admission(config.admission)
@@ -144,10 +141,10 @@ class Gateway:
         request = parse_request(kind, body, self.config.limits)
         check_model(request.model, self.served_model)
         prepared = prepare_request(request, self.config)
-        prompt = self.template.layout(prepared.blend.documents, prepared.blend.question)
+        blend = prepared.blend
+        prompt = self.template.layout(blend.documents, blend.question, blend.conversation)
         # Sent along: the worker runs this layout, never tokenizing the request again.
-        blend = replace(prepared.blend, namespace=tenant, prompt=prompt)
-        return replace(prepared, blend=blend), prompt
+        return replace(prepared, blend=replace(blend, namespace=tenant, prompt=prompt)), prompt
 
     def _prepare_documents(self, body: bytes) -> tuple[DocumentsRequest, list[str], PromptLayout]:
         """Parse, check and lay out a documents upload (4xx on a bad one); runs in a thread."""

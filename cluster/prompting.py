@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from cluster.api.request_models import ApiError, ChatCompletionRequest, CompletionRequest
 from cluster.config import ServeConfig
 from workers.engines.base import BlendRequest, EngineLimits, RequestError, check_request
+from workers.generation.conversation import Conversation, Turn
 from workers.generation.sampling import SamplingParams
 
 
@@ -36,8 +37,17 @@ def prepare_request(request: ChatCompletionRequest | CompletionRequest, config: 
         mode=mode,
         recompute_ratio=config.fusion.recompute_ratio if recompute_ratio is None else recompute_ratio,
         sampling=sampling,
+        conversation=conversation_of(request, config.prompt.documents_at),
     )
     return PreparedRequest(blend, request.stop, request.stream, request.include_usage)
+
+
+def conversation_of(request: ChatCompletionRequest | CompletionRequest, documents_at: str) -> Conversation | None:
+    """A chat's system prompt and earlier turns; None for a single question (and for text completions)."""
+    if not isinstance(request, ChatCompletionRequest):
+        return None
+    conversation = Conversation(request.system, tuple(Turn(m.role, m.text) for m in request.turns), documents_at)
+    return None if conversation.is_one_shot else conversation
 
 
 def check_served(request: BlendRequest, num_prompt_tokens: int, limits: EngineLimits, prompt_field: str) -> None:

@@ -24,7 +24,6 @@ from workers.engines.calibration import calibrate_planner
 from workers.engines.torch_engine import TorchEngine
 from workers.fuser import Fuser
 from workers.fusion.base import FallbackOptions, FusionOptions
-from workers.generation.prompt import PromptTemplate
 from workers.guardrails.guards import guarded_fuser
 from workers.guardrails.shadow import ShadowSampler, ShadowSummary
 from workers.loading.planner import RequestPlanner
@@ -117,10 +116,7 @@ def open_engine(config: ServeConfig, path: Path, dtype: str, make_fuser: Callabl
 
 def serving_fuser(config: ServeConfig, runner: ModelRunner, tiered: TieredStore) -> Fuser:
     """The configured fusion on `runner` over the tiered store; its guardrails are applied as it is built."""
-    prompt = config.prompt
-    template = PromptTemplate(
-        runner.checkpoint.tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template
-    )
+    template = config.prompt.template(runner.checkpoint.tokenizer)
     guardrails = config.guardrails
     options = FusionOptions(
         recompute_ratio=config.fusion.recompute_ratio,

@@ -18,6 +18,7 @@ from workers.fusion.layer_feed import LayerLoader, PipelinedLoader, ignore_fetch
 from workers.fusion.layout import PREFIX, SUFFIX, BlendLayout, Segment
 from workers.fusion.registry import make_fusion_modes
 from workers.fusion.selective_pass import PrefillResult
+from workers.generation.conversation import Conversation
 from workers.generation.prompt import PromptLayout, PromptTemplate
 from workers.loading.controller import LoadingController
 from workers.model.kv_cache import KVCache
@@ -100,9 +101,9 @@ class Fuser:
         """The model's tokenizer."""
         return self.runner.checkpoint.tokenizer
 
-    def layout(self, documents: list[str], question: str) -> PromptLayout:
+    def layout(self, documents: list[str], question: str, conversation: Conversation | None = None) -> PromptLayout:
         """Token layout of a request under the template."""
-        return self.template.layout(documents, question)
+        return self.template.layout(documents, question, conversation)
 
     def ratio_for(self, recompute_ratio: float | None) -> float:
         """A request's ratio, or the configured default when it asks for none."""

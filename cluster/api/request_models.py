@@ -19,10 +19,8 @@ from workers.fusion.registry import FUSION_MODES
 MAX_STOP_SEQUENCES = 4
 MAX_TEMPERATURE = 2.0
 SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's int64 seeds; larger ones would overflow the samplers
-_ONE_QUESTION = (
-    "must be the only message: the API answers one user question over the documents; system messages and "
-    "earlier turns are not supported yet (the configured prompt template supplies the instruction)"
-)
+_NOT_YET = "is not supported yet (text chat only: no tools, images or audio)"
+_INSTRUCTIONS = ("system", "developer")
 
 
 class ApiError(Exception):
@@ -61,11 +59,21 @@ def _content_text(value: Any) -> Any:
     if not isinstance(value, list):
         return value
     texts = []
-    for part in value:
-        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+    for index, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            raise ValueError(f"[{index}].type must be 'text': {kind!r} parts are not supported yet (text only)")
+        if not (kind == "text" and isinstance(part.get("text"), str)):
             raise ValueError("must be a string or a list of {'type': 'text', 'text': str} parts (text only)")
         texts.append(part["text"])
     return "\n".join(texts)
+
+
+def _unsupported(value: Any) -> Any:
+    """A field of OpenAI's API that blendserve does not serve yet: absent or null only."""
+    if value is not None:
+        raise ValueError(_NOT_YET)
+    return value
 
 
 def _stop_tuple(value: Any) -> Any:
@@ -245,19 +253,45 @@ class _GenerationRequest(_Request):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class ChatMessage(_Request):
-    """One chat message; only text content is accepted."""
+Unsupported = Annotated[Any, BeforeValidator(_unsupported)]
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+
+class ChatMessage(_Request):
+    """One chat message; only text content is accepted (tool calls, images and audio are refused by name)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Annotated[str | None, BeforeValidator(_content_text)] = None
     name: str | None = None
+    tool_calls: Unsupported = None
+    tool_call_id: Unsupported = None
+    function_call: Unsupported = None
+    audio: Unsupported = None
+    refusal: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, value: str) -> str:
+        if value in ("tool", "function"):
+            raise ValueError(f"must be system, developer, user or assistant: {value!r} messages {_NOT_YET}")
+        return value
+
+    @property
+    def text(self) -> str:
+        """The message's text ("" for none)."""
+        return self.content or ""
 
 
 class ChatCompletionRequest(_GenerationRequest):
-    """`POST /v1/chat/completions`: the last message, from the user, is the question over `documents`."""
+    """`POST /v1/chat/completions`: system/developer messages, earlier turns, and last the user's question."""
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    tools: Unsupported = None
+    tool_choice: Unsupported = None
+    functions: Unsupported = None
+    function_call: Unsupported = None
+    audio: Unsupported = None
+    modalities: Unsupported = None
 
     @field_validator("messages")
     @classmethod
@@ -268,10 +302,16 @@ class ChatCompletionRequest(_GenerationRequest):
         if value[last].role != "user":
             role = value[last].role
             raise ValueError(f"[{last}].role must be 'user' (the last message is the question), got {role!r}")
-        if last > 0:
-            raise ValueError(f"[0] {_ONE_QUESTION}")
-        if value[last].content is None or not value[last].content.strip():
-            raise ValueError(f"[{last}].content must be a non-empty string (the question)")
+        leading = next(i for i, message in enumerate(value) if message.role not in _INSTRUCTIONS)
+        for index, message in enumerate(value[leading:], leading):
+            if message.role in _INSTRUCTIONS:
+                raise ValueError(
+                    f"[{index}].role must be 'user' or 'assistant' after the conversation has begun: "
+                    f"{message.role} messages come first, got one at position {index}"
+                )
+            if not message.text.strip():
+                problem = "(the question)" if index == last else f"(an earlier {message.role} turn)"
+                raise ValueError(f"[{index}].content must be a non-empty string {problem}")
         return value
 
     @field_validator("max_completion_tokens")
@@ -284,7 +324,18 @@ class ChatCompletionRequest(_GenerationRequest):
     @property
     def question(self) -> str:
         """The last user message's text."""
-        return self.messages[-1].content or ""
+        return self.messages[-1].text
+
+    @property
+    def system(self) -> str | None:
+        """The leading system and developer messages' text, joined by blank lines; None when there are none."""
+        texts = [m.text for m in self.messages[:-1] if m.role in _INSTRUCTIONS]
+        return "\n\n".join(texts) if texts else None
+
+    @property
+    def turns(self) -> list[ChatMessage]:
+        """The earlier user and assistant turns, oldest first (the question excluded)."""
+        return [m for m in self.messages[:-1] if m.role not in _INSTRUCTIONS]
 
     @property
     def requested_max_tokens(self) -> int | None:

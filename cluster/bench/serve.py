@@ -260,7 +260,7 @@ def _template(plan: BenchPlan) -> PromptTemplate:
 
     prompt = config_from_dict(dict(plan.blendserve_config)).prompt
     _, tokenizer = load_model_card(plan.shape.model_path)
-    return PromptTemplate(tokenizer, prompt.instruction, prompt.question_template, prompt.use_chat_template)
+    return prompt.template(tokenizer)
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:

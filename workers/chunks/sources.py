@@ -53,8 +53,8 @@ class ChunkSources:
         return cls(chunk_context, min(windows) if windows else None)
 
     def context_ids(self, is_prefix: bool, prompt: "PromptLayout") -> list[int]:
-        """What every version of a part is computed after: the prefix (never for the prefix itself) or nothing."""
-        return prompt.prefix_ids if after_prefix(self.chunk_context) and not is_prefix else []
+        """What every version of a part is computed after: the prompt's chunk context (never for the prefix itself)."""
+        return prompt.chunk_context_ids if after_prefix(self.chunk_context) and not is_prefix else []
 
     def base(self, is_prefix: bool, prompt: "PromptLayout", namespace: str) -> ChunkSource:
         """The version every part has, filed under the namespace itself."""

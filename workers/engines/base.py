@@ -11,6 +11,7 @@ from kvplane.checks import check_count
 from workers.chunks.store import DEFAULT_NAMESPACE
 from workers.fusion.base import FusionMode
 from workers.fusion.baselines.full_prefill import FullPrefill
+from workers.generation.conversation import Conversation
 from workers.generation.prompt import PromptLayout
 from workers.generation.sampling import SamplingParams
 from workers.loading.planner import RequestPlanner
@@ -19,6 +20,7 @@ from workers.model.runner import ModelRunner
 
 PLAIN_MODE = FullPrefill.name  # the whole prompt prefilled as is: no chunk KV read, exact by construction
 
+PREFIX_CACHE_TIER = "prefix_cache"  # reused tokens found in the engine's own prefix cache (vLLM's)
 
 @dataclass(frozen=True, slots=True)
 class BlendRequest:
@@ -31,6 +33,7 @@ class BlendRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     namespace: str = DEFAULT_NAMESPACE
     prompt: PromptLayout | None = None  # laid out by the gateway (token ids, chunk boundaries): not tokenized again
+    conversation: Conversation | None = None  # a chat's system prompt and earlier turns (None: one question)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,7 @@ class Engine(ABC):
         """Lay `request` out and check it against the limits; its ratio, and its stop tokens or the model's."""
         prompt = request.prompt
         if prompt is None:
-            prompt = self.fuser.layout(request.documents, request.question)
+            prompt = self.fuser.layout(request.documents, request.question, request.conversation)
         check_request(request, len(prompt.token_ids), self.limits)
         sampling = request.sampling
         if not sampling.stop_token_ids:
@@ -250,7 +253,9 @@ class Engine(ABC):
 
     def planned_stats(self, prepared: PreparedRequest, stats: "PrefillStats") -> "PrefillStats":
         """The stats stamped with the plan that ran; its measured TTFT corrects that plan's curve."""
-        if prepared.plan is not None and self.planner is not None:
+        # A prompt found in the prefix cache costs what neither curve prices: it says nothing about them.
+        from_prefix_cache = PREFIX_CACHE_TIER in stats.reused_tokens_by_tier
+        if prepared.plan is not None and self.planner is not None and not from_prefix_cache:
             self.planner.observe(prepared.plan, stats.ttft_s)
         return prepared.stamp(stats)
 

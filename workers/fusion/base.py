@@ -123,6 +123,7 @@ class FusionMode(ABC):
 
     name: ClassVar[str]
     reads_chunk_cache: ClassVar[bool] = True
+    reads_question: ClassVar[bool] = False  # the context KV it fills depends on the question
 
     def __init__(self, options: FusionOptions) -> None:
         self.options = options

@@ -51,6 +51,7 @@ class CacheCraft(FusionMode):
     """At the first filter layer, chunks the context barely reaches are reused, strongly reached ones recomputed."""
 
     name = "cachecraft"
+    reads_question = True
 
     def __init__(self, options: FusionOptions) -> None:
         super().__init__(options)

@@ -47,6 +47,7 @@ class BlendLayout:
     segments: list[Segment]
     kv_end: int
     forced: torch.Tensor = field(init=False)  # [kv_end] bool: always recomputed (suffix, uncached, last token)
+    chunks_follow_prefix: bool = True  # chunk KV was computed after this prompt's own prefix
 
     def __post_init__(self) -> None:
         if not 0 < self.kv_end <= len(self.token_ids):
@@ -84,7 +85,8 @@ class BlendLayout:
                 start += len(ids)
         if start == 0:
             raise ValueError("the prompt is empty")
-        return cls(torch.tensor(prompt.token_ids, dtype=torch.long), segments, start if kv_end is None else kv_end)
+        token_ids = torch.tensor(prompt.token_ids, dtype=torch.long)
+        return cls(token_ids, segments, start if kv_end is None else kv_end, prompt.chunks_follow_prefix)
 
     @property
     def num_tokens(self) -> int:
@@ -116,6 +118,8 @@ class BlendLayout:
         for seg in self.segments:
             if seg.kind == SUFFIX or (seg.cached is not None and seg.cached.base_position != seg.start):
                 break
+            if seg.kind == CHUNK and seg.cached is not None and not self.chunks_follow_prefix:
+                break  # computed after another prefix: not what a full prefill computes here, wherever it sits
             end = seg.end
         return min(end, self.kv_end)
 

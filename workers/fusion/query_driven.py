@@ -47,6 +47,7 @@ class QueryDriven(FusionMode):
     """Score context tokens by the question's attention over the cached context; recompute the top ones."""
 
     name = "query_driven"
+    reads_question = True
 
     def __init__(self, options: FusionOptions, scoring: QueryScoring | None = None) -> None:
         super().__init__(options)

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from workers.chunks.store import DEFAULT_NAMESPACE
 from workers.engines.base import (
     PLAIN_MODE,
+    PREFIX_CACHE_TIER,
     BlendRequest,
     Engine,
     EngineLimits,
@@ -32,9 +33,9 @@ from workers.vllm.kv_buffer import ReusedKVBuffer
 from workers.vllm.module_runner import VLLMModuleRunner, shared_checkpoint
 from workers.vllm.paged_attention import PagedAttention
 from workers.vllm.params import ContextKVParams
+from workers.vllm.prefix_probe import cached_prefix_tokens, fused_salt
 from workers.vllm.settings import VLLMSettings
 
-PREFIX_CACHE_TIER = "prefix_cache"  # reused tokens found in vLLM's own prefix cache
 T = TypeVar("T")
 
 
@@ -64,6 +65,7 @@ class VLLMEngine(Engine):
         self._buffer = ReusedKVBuffer(runner.config, runner.dtype, runner.device)
         self.stop_token_ids = tuple(runner.config.eos_token_ids) or (fuser.tokenizer.eos_token_id,)
         self._vocab_size = runner.config.vocab_size
+        self._block_size = loop.engine.vllm_config.cache_config.block_size
         max_context = min(settings.max_model_len, runner.config.max_position_embeddings)
         self._limits = EngineLimits(max_context, frozenset(fuser.modes))
 
@@ -146,7 +148,17 @@ class VLLMEngine(Engine):
         params = self._vllm_params(prepared.sampling)
         context = len(prompt.token_ids) - len(prompt.suffix_ids)
         fused, key, injected = None, None, 0
+        # vLLM's prefix cache is shared by the requests of one tenant (its namespace salts their blocks, as the
+        # chunk store keeps tenants apart); fused KV gets a salt of its own fusion (fused_salt).
+        salt = namespace
         if prepared.mode != PLAIN_MODE and context > 0:
+            mode = self.fuser.modes[prepared.mode]
+            question = prompt.suffix_ids if mode.reads_question else None
+            salt = fused_salt(namespace, prepared.mode, prepared.recompute_ratio, question)
+        cached = cached_prefix_tokens(self._loop.engine, prompt.token_ids, salt) if salt != namespace else 0
+        # A context fused before (a conversation's earlier turn, a repeated question) is in vLLM's prefix cache up
+        # to its last whole block at least: vLLM computes the rest in full, and no fusion runs.
+        if salt != namespace and context - cached >= self._block_size:
             # The fusion sees the whole prompt but computes KV for the context only: vLLM prefills the question.
             cache = self._buffer.take(context)
             try:
@@ -161,9 +173,6 @@ class VLLMEngine(Engine):
             finally:
                 self._buffer.release(cache, key)  # reusable once the connector drops the KV (request finished)
         request_id = uuid.uuid4().hex
-        # vLLM's prefix cache is shared by the requests of one tenant (its namespace salts their blocks, as the
-        # chunk store keeps tenants apart); fused KV gets a salt of its own, so no other request ever hits it.
-        salt = namespace if key is None else request_id
         vllm_prompt: dict[str, Any] = {"prompt_token_ids": prompt.token_ids, "cache_salt": salt}
         try:
             stream = self._loop.add_request(request_id, vllm_prompt, params, key)

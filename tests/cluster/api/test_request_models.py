@@ -125,6 +125,25 @@ def test_text_content_parts_are_joined_into_the_question() -> None:
 USER = {"messages": QUESTION}
 
 
+def test_system_and_developer_messages_and_earlier_turns_make_the_conversation() -> None:
+    messages = [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "developer", "content": [{"type": "text", "text": "Cite nothing."}]},
+        {"role": "user", "content": "Who wrote Hamlet?"},
+        {"role": "assistant", "content": "Shakespeare.", "refusal": None},
+        {"role": "user", "content": "When?", "name": "ann"},
+    ]
+    conversation = prepared_chat(openai_body(messages=messages)).blend.conversation
+    assert conversation is not None and conversation.system == "You answer briefly.\n\nCite nothing."
+    turns = [(t.role, t.text) for t in conversation.turns]
+    assert turns == [("user", "Who wrote Hamlet?"), ("assistant", "Shakespeare.")]
+    assert prepared_chat(openai_body(messages=messages)).blend.question == "When?"
+    assert conversation.documents_at == "start"
+    placed = config_from_dict({"prompt": {"documents_at": "last"}})
+    assert prepared_chat(openai_body(messages=messages), placed).blend.conversation.documents_at == "last"
+    assert prepared_chat(openai_body(messages=QUESTION)).blend.conversation is None  # one question: as before
+
+
 @pytest.mark.parametrize(
     ("body", "param", "expected"),
     [
@@ -133,12 +152,22 @@ USER = {"messages": QUESTION}
         ({"messages": "hi"}, "messages", "messages: input should be a valid array"),
         ({"messages": [{"role": "assistant", "content": "x"}]}, "messages[0].role", "must be 'user'"),
         ({"messages": [*QUESTION, {"role": "assistant", "content": "b"}]}, "messages[1].role", "got 'assistant'"),
-        ({"messages": [{"role": "system", "content": "Brief."}, *QUESTION]}, "messages[0]", "must be the only message"),
-        ({"messages": [*QUESTION, *QUESTION]}, "messages[0]", "earlier turns are not supported"),
+        ({"messages": [*QUESTION, {"role": "system", "content": "x"}, *QUESTION]}, "messages[1].role",
+         "system messages come first"),
+        ({"messages": [*QUESTION, {"role": "assistant", "content": " "}, *QUESTION]}, "messages[1].content",
+         "an earlier assistant turn"),
+        ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "c1"}, *QUESTION]}, "messages[0].role",
+         "'tool' messages is not supported yet"),
+        ({"messages": [*QUESTION, {"role": "assistant", "tool_calls": [{"id": "c1"}]}, *QUESTION]},
+         "messages[1].tool_calls", "is not supported yet"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         "messages[0].content[0].type", "'image_url' parts are not supported yet"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages[0].content[0].type",
+         "'input_audio' parts"),
         ({"messages": [{"role": "user", "content": " "}]}, "messages[0].content", "must be a non-empty string"),
         ({"messages": [{"role": "user"}]}, "messages[0].content", "must be a non-empty string"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "input should be"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content", "text only"),
+        ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages[0].content", "text only"),
         ({**USER, "documents": [{"text": ""}]}, "documents[0].text", "must be a non-empty string"),
         ({**USER, "documents": [{"text": "a"}, {"text": 42}]}, "documents[1].text", "input should be a valid string"),
         ({**USER, "documents": [{"id": "x"}]}, "documents[0].text", "is required"),
@@ -161,7 +190,8 @@ USER = {"messages": QUESTION}
         ({**USER, "stop": 7}, "stop", "must be a string or a list of strings"),
         ({**USER, "presence_penalty": 0.5}, "presence_penalty", "penalties are not supported"),
         ({**USER, "stream": "yes"}, "stream", "input should be a valid boolean"),
-        ({**USER, "tools": []}, "tools", "is not a known field"),
+        ({**USER, "tools": []}, "tools", "is not supported yet (text chat only"),
+        ({**USER, "tool_choice": "auto"}, "tool_choice", "is not supported yet"),
         ({**USER, "document": [{"text": "typo"}]}, "document", "is not a known field"),
     ],
 )

@@ -30,6 +30,14 @@ def test_exact_leading_segments_are_never_chosen() -> None:
     assert select_tokens(scores, layout, 1.0, 1, "global").tolist() == list(range(12, 24))  # all B: 8 of 20
 
 
+def test_chunks_computed_after_another_prefix_are_never_exact() -> None:
+    # the default prefix [1]*4 stored the chunks; this prompt's own prefix (a system prompt) differs
+    prompt = PromptLayout([7] * 4, [[2] * 8, [3] * 8], [4] * 4, chunk_context=[1] * 4)
+    cached = [ChunkLayers([2] * 8, iter(()), 1, base_position=4), ChunkLayers([3] * 8, iter(()), 1, base_position=4)]
+    layout = BlendLayout.build(prompt, cached, ChunkLayers([7] * 4, iter(()), 1))
+    assert layout.exact_end() == 4  # the prefix alone: chunk A sits where it was computed, after other tokens
+
+
 def test_spans_and_the_vllm_layout() -> None:
     layout = _layout(kv_end=20)  # the vLLM engine: KV for the context only, its last token forced
     scores = torch.zeros(20)

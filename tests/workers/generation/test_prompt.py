@@ -1,4 +1,7 @@
 """Prompt layout: documents are tokenized alone and the concatenation is exactly what full prefill sees."""
+import pytest
+
+from workers.generation.conversation import Conversation, Turn
 from workers.generation.prompt import DEFAULT_INSTRUCTION, PromptTemplate
 from workers.model.checkpoint import Checkpoint
 
@@ -24,3 +27,50 @@ def test_reordered_documents_reuse_the_same_chunk_ids(checkpoint: Checkpoint) ->
     backward = template.layout(["two", "one"], "q?")
     assert forward.chunk_ids == backward.chunk_ids[::-1]
     assert template.layout([], "q?").chunk_ids == []
+
+
+DOCS = ["Alpha is a city.", "Beta is a river."]
+SYSTEM = "You answer in one word."
+TURNS = (Turn("user", "What is Alpha?"), Turn("assistant", "A city."))
+
+
+def test_a_conversation_puts_the_system_prompt_first_and_the_turns_after_the_documents(checkpoint: Checkpoint) -> None:
+    template = PromptTemplate(checkpoint.tokenizer)
+    decode = checkpoint.tokenizer.decode
+    one = template.layout(DOCS, "What is Beta?")
+    chat = template.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS))
+    assert template.layout(DOCS, "What is Beta?", Conversation()) == one  # no system, no turns: one question
+    assert SYSTEM in decode(chat.prefix_ids) and DEFAULT_INSTRUCTION in decode(chat.prefix_ids)
+    assert chat.chunk_ids == one.chunk_ids
+    suffix = decode(chat.suffix_ids)
+    assert suffix.index("What is Alpha?") < suffix.index("A city.") < suffix.index("What is Beta?")
+    # every user turn goes through the question template, so turn N's prompt starts turn N+1's
+    assert suffix.startswith(decode(one.suffix_ids).split("What is Beta?")[0] + "What is Alpha?")
+    # chunk KV is computed after the one-question prefix: a system prompt leaves chunk keys as they are
+    assert chat.chunk_context_ids == one.prefix_ids and not chat.chunks_follow_prefix
+    assert one.chunk_context_ids == one.prefix_ids and one.chunks_follow_prefix
+
+
+def test_chunks_after_the_request_prefix_and_documents_before_the_last_question(checkpoint: Checkpoint) -> None:
+    exact = PromptTemplate(checkpoint.tokenizer, chunks_after="request_prefix")
+    chat = exact.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS))
+    assert chat.chunk_context_ids == chat.prefix_ids and chat.chunks_follow_prefix
+    last = PromptTemplate(checkpoint.tokenizer).layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS, "last"))
+    prefix, suffix = checkpoint.tokenizer.decode(last.prefix_ids), checkpoint.tokenizer.decode(last.suffix_ids)
+    assert prefix.index(SYSTEM) < prefix.index("What is Alpha?") < prefix.index("A city.") < prefix.index(
+        DEFAULT_INSTRUCTION)
+    assert "What is Beta?" in suffix and "Alpha" not in suffix
+    with pytest.raises(ValueError, match="chunks_after"):
+        PromptTemplate(checkpoint.tokenizer, chunks_after="mine")
+    with pytest.raises(ValueError, match="documents_at"):
+        Conversation(documents_at="middle")
+    with pytest.raises(ValueError, match="role"):
+        Turn("system", "x")
+
+
+def test_without_a_chat_template_turns_are_plain_text(checkpoint: Checkpoint) -> None:
+    plain = PromptTemplate(checkpoint.tokenizer, use_chat_template=False)
+    chat = plain.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS))
+    text = checkpoint.tokenizer.decode(chat.token_ids)
+    assert text.startswith(SYSTEM + "\n\n" + DEFAULT_INSTRUCTION) and text.endswith("What is Beta?\nAnswer:")
+    assert "A city.\n\n" in text

@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from workers.engines.base import BlendRequest  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
 from workers.fuser import Fuser  # noqa: E402
 from workers.fusion.base import CraftOptions, FusionOptions  # noqa: E402
+from workers.generation.conversation import Conversation, Turn  # noqa: E402
 from workers.generation.sampling import SamplingParams  # noqa: E402
 from workers.vllm import handoff  # noqa: E402
 
@@ -127,10 +129,10 @@ def test_a_tenants_plain_requests_share_vllms_prefix_cache_and_fused_kv_never_en
     _answer(vllm_engine, docs, question, namespace="salted")  # chunks computed and written back
     _, fused = _answer(vllm_engine, docs, question, namespace="salted")
     assert fused.reused_tokens > 0  # every chunk hit: fused KV injected into vLLM's blocks, under its own salt
-    plain_tokens, plain = _answer(vllm_engine, docs, question, "full_prefill")
+    plain_tokens, plain = _answer(vllm_engine, docs, question, "full_prefill", namespace="salted")
     # Only whole blocks vLLM computed itself may hit: at most the template's first block, never the fused context.
     assert plain.reused_tokens_by_tier.get("prefix_cache", 0) <= BLOCK < plain.context_tokens
-    repeat_tokens, repeat = _answer(vllm_engine, docs, question, "full_prefill")
+    repeat_tokens, repeat = _answer(vllm_engine, docs, question, "full_prefill", namespace="salted")
     hit = repeat.reused_tokens_by_tier["prefix_cache"]
     assert hit >= plain.num_prompt_tokens - BLOCK and repeat.recomputed_tokens == repeat.num_prompt_tokens - hit
     assert repeat_tokens == plain_tokens
@@ -167,7 +169,7 @@ def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_t
 ) -> None:
     # with_fuser: another Fuser (its own store, keeping variants) over this engine's vLLM. Every chunk is stored
     # before the first request, so nothing is missed; write-back must still make the variants. The
-    # same request again reads every chunk after the first from KV computed after its very context: of the
+    # same documents asked again read every chunk after the first from KV computed after its very context: of the
     # injected KV only the last token is recomputed, and the answer is full prefill's (float32: operation order).
     rules = VariantRules(create_above=0.0, create_after_sightings=1)
     options = FusionOptions(craft=CraftOptions(stop_after=None))
@@ -180,8 +182,11 @@ def test_a_second_fuser_on_the_same_vllm_makes_variants_after_a_hit_and_serves_t
     prompt = fuser.layout(docs, question)
     keys = chunk_keys(fuser.store, prompt.chunk_ids, prompt.prefix_ids, "variants")
     assert [fuser.variants.count(key) for key in keys] == [0] + [1] * (len(keys) - 1)
-    blended, second = _answer(engine, docs, question, "cachecraft", 0.15, namespace="variants")
-    plain, plain_stats = _answer(engine, docs, question, "full_prefill", namespace="variants")
+    # Another question over the same documents: the same one again would find its fused context in vLLM's
+    # prefix cache and run no fusion at all.
+    other_question = records[1][1]
+    blended, second = _answer(engine, docs, other_question, "cachecraft", 0.15, namespace="variants")
+    plain, plain_stats = _answer(engine, docs, other_question, "full_prefill", namespace="variants")
     # Only the last context token is recomputed (layout.forced: its hidden state is the pass's output).
     assert second.reused_tokens > 0
     assert second.recomputed_tokens + second.reused_tokens == second.num_prompt_tokens + 1
@@ -261,3 +266,25 @@ def test_blended_agreement_on_musique(vllm_engine) -> None:
             kl[mode] += teacher_forced_divergence(logprobs["full_prefill"], logprobs[mode], torch.tensor(reference)).kl
     assert sum(scores) / len(scores) >= 0.90, scores
     assert kl[TARGET_MODE] <= kl["full_reuse"] / 3, kl
+
+
+def test_a_conversations_next_turn_reads_its_fused_context_and_earlier_turn_from_vllms_prefix_cache(
+    vllm_engine, records
+) -> None:
+    docs, question = records[2]
+    vllm_engine.store_documents(docs, "chat")
+    system = Conversation(system="You answer in a few words.")
+    turn = BlendRequest(docs, question, "cacheblend", 0.25, SamplingParams(max_new_tokens=NUM_TOKENS), "chat",
+                        conversation=system)
+    first = vllm_engine.open(turn)
+    answer = vllm_engine.tokenizer.decode(list(first), skip_special_tokens=True).strip()
+    assert "prefix_cache" not in first.stats.reused_tokens_by_tier and first.stats.reused_tokens > 0  # blended
+    later = Conversation(system.system, (Turn("user", question), Turn("assistant", answer)))
+    second = vllm_engine.open(replace(turn, question="Where was it?", conversation=later))
+    assert list(second)
+    stats = second.stats
+    hit = stats.reused_tokens_by_tier["prefix_cache"]  # no fusion ran: the fused context came from vLLM's blocks
+    assert stats.reused_tokens_by_tier.keys() == {"prefix_cache"} and hit > stats.context_tokens - BLOCK
+    assert stats.recomputed_tokens == stats.num_prompt_tokens - hit
+    other = vllm_engine.open(replace(turn, question="Where was it?", conversation=later, recompute_ratio=0.3))
+    assert list(other) and "prefix_cache" not in other.stats.reused_tokens_by_tier  # another fusion's salt
