@@ -157,11 +157,12 @@ def test_a_request_is_tokenized_once_on_its_way_through_the_gateway_and_the_work
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(tokenizer_class, name, counted)
+    gate = gateway(card, ScriptedCluster([Member("w-a", "n1", "fp")]), InProcessWorkers(Worker(engine, "w-a")))
+    calls.clear()  # what building the gateway's template cost is paid once, not per request
     template = engine.fuser.template
     template.layout(["Paris is in France."], "Where?")
     one_layout = len(calls)  # what laying out one request costs the tokenizer
     calls.clear()
-    gate = gateway(card, ScriptedCluster([Member("w-a", "n1", "fp")]), InProcessWorkers(Worker(engine, "w-a")))
     response = asyncio.run(gate.complete(ChatCompletionRequest, request_body(), "default"))
     assert response.blend.worker == "w-a" and response.usage.prompt_tokens > 0
     assert one_layout > 0 and len(calls) == one_layout, calls
