@@ -99,25 +99,33 @@ def eval_command(
         False, help="cacheblend narrows at layers 1 and 2 (2r, then r), as in the paper, instead of once at layer 1."
     ),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    system_prompt: str = typer.Option(None, help="Ask each record as a chat with this system message."),
+    earlier_turns: int = typer.Option(0, min=0, help="Ask each record after N earlier exchanges (the records "
+                                      "before it: question, first gold answer)."),
+    chunks_after: str = typer.Option("default_prefix", help="A chat's chunk KV is computed after the default "
+                                     "prefix or the request's own (request_prefix)."),
 ) -> None:
     """Compare fusion modes on agreement with full prefill (F1, exact match, first token, teacher-forced KL)
     and TTFT; every quality figure with a 95% bootstrap interval over records."""
-    from workers.evaluation.dataset import load_records
+    from workers.evaluation.dataset import in_conversation, load_records
     from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
     from workers.evaluation.evaluate import REFERENCE_MODE, EvalRun, evaluate, score_row, summarise
     from workers.evaluation.report import eval_document, format_table
     from workers.fusion.base import FusionOptions
+    from workers.generation.conversation import CHUNK_CONTEXTS_WITH_SYSTEM
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if engine not in ENGINE_KINDS:
         raise typer.BadParameter(f"choose from {ENGINE_KINDS}", param_hint="--engine")
+    if chunks_after not in CHUNK_CONTEXTS_WITH_SYSTEM:
+        raise typer.BadParameter(f"choose from {CHUNK_CONTEXTS_WITH_SYSTEM}", param_hint="--chunks-after")
     mode_names = list(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
     options = FusionOptions(selection_span_tokens=selection_span_tokens)
     chosen = [float(r) for r in ratios.split(",")] if ratios else [options.recompute_ratio if ratio is None else ratio]
     if gradual_filtering:
         options = options.with_gradual_filtering()
     try:
-        access = load_eval_engine(engine, model, dtype, options, chunk_context)
+        access = load_eval_engine(engine, model, dtype, options, chunk_context, chunks_after=chunks_after)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--dtype") from None
     unknown = [m for m in mode_names if m not in access.engine.fuser.modes]
@@ -128,6 +136,8 @@ def eval_command(
     for name in (m for m in mode_names if m != REFERENCE_MODE):
         runs += [EvalRun(name if len(chosen) == 1 else f"{name}@{r:g}", name, r) for r in chosen]
     records = load_records(data, limit, offset)
+    if system_prompt is not None or earlier_turns:
+        records = in_conversation(records, system_prompt, earlier_turns)
     rows_file = records_out.open("w") if records_out is not None else None
 
     def on_record(index: int, rows: list) -> None:

@@ -116,6 +116,49 @@ def test_documents_api_is_idempotent_and_feeds_later_requests(server, client):
     assert sum(answer["reused_tokens"].values()) >= stored[0]["num_tokens"]
 
 
+def test_a_chat_with_a_system_prompt_reuses_stored_chunks_on_every_turn_streamed_or_not(server, client):
+    # Chunks stored through the documents API are computed after the template's own prefix: a chat with a
+    # system prompt of its own still reads them (prompt.chunks_after: default_prefix).
+    stored = httpx.post(f"{server}/v1/documents", json={"documents": [{"text": d} for d in DOCS]},
+                        headers={"X-Tenant": "chat"}, timeout=120).json()["data"]
+    chunk_tokens = sum(d["num_tokens"] for d in stored)
+    documents = {"documents": [{"text": d} for d in DOCS]}
+    messages = [{"role": "system", "content": "You are a travel guide. Answer in a few words."},
+                {"role": "user", "content": QUESTION}]
+    turns = []
+    for turn, question in enumerate((None, "When was it completed?", "Which river flows through Vienna?")):
+        if question is not None:
+            messages += [{"role": "assistant", "content": turns[-1][0]}, {"role": "user", "content": question}]
+        if turn < 2:
+            answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                                    extra_body=documents, extra_headers={"X-Tenant": "chat"})
+            turns.append((answer.choices[0].message.content, answer.model_extra["blend"], answer.usage))
+        else:
+            chunks = list(client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=12, stream=True, stream_options={"include_usage": True},
+                extra_body=documents, extra_headers={"X-Tenant": "chat"}))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            closing = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+            turns.append((text, closing.model_extra["blend"], chunks[-1].usage))
+    assert "paris" in turns[0][0].lower()
+    for text, blend, usage in turns:
+        assert text.strip() and blend["mode"] == "cacheblend"
+        assert sum(blend["reused_tokens"].values()) >= chunk_tokens  # every chunk, on every turn
+        assert usage.prompt_tokens > blend["recomputed_tokens"]
+    assert turns[2][2].prompt_tokens > turns[1][2].prompt_tokens > turns[0][2].prompt_tokens  # the turns grow
+
+    refused = [
+        ([*messages[:2], {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}, messages[1]],
+         "messages[2].tool_calls"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+         "messages[0].content[0].type"),
+    ]
+    for bad, field in refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=MODEL, messages=bad, max_tokens=4, extra_body=documents)
+        assert caught.value.body["param"] == field and "not supported yet" in caught.value.body["message"]
+
+
 def test_shared_chunks_go_to_their_holder_until_it_is_full(server, client):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -8,6 +8,7 @@ from workers.engines.torch_engine import TorchEngine
 from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
 from workers.fuser import Fuser
 from workers.fusion.base import FusionMode, FusionOptions
+from workers.generation.prompt import PromptTemplate
 from workers.model.checkpoint import load_checkpoint
 from workers.model.default import prepare_default_model
 from workers.model.dtype import resolve_dtype, torch_dtype
@@ -24,23 +25,27 @@ def load_eval_engine(
     options: FusionOptions = FusionOptions(),
     chunk_context: str = DEFAULT_CHUNK_CONTEXT,
     modes: Mapping[str, FusionMode] | None = None,
+    chunks_after: str = "default_prefix",
 ) -> EngineAccess:
     """The torch engine, or the vLLM engine (vLLM prefills the question and decodes), with `options`' modes.
 
-    `modes`: the strategies requests may name (the registry's, built from `options`, by default).
+    `modes`: the strategies requests may name (the registry's, built from `options`, by default); `chunks_after`:
+    what a chat's chunk KV is computed after (PromptTemplate).
     """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {kind!r}")
     path = model or prepare_default_model()
+
+    def make_fuser(runner: ModelRunner) -> Fuser:
+        template = PromptTemplate(runner.checkpoint.tokenizer, chunks_after=chunks_after)
+        return Fuser(runner, options, template=template, chunk_context=chunk_context, modes=modes)
+
     if kind == "torch":
         checkpoint = load_checkpoint(path, torch_dtype(resolve_dtype(dtype, path, on_gpu=False)))
-        return direct_access(
-            TorchEngine(Fuser(ModelRunner(checkpoint), options, chunk_context=chunk_context, modes=modes))
-        )
+        return direct_access(TorchEngine(make_fuser(ModelRunner(checkpoint))))
     from workers.vllm.engine import VLLMEngine  # imports vllm: only when asked for
     from workers.vllm.settings import VLLMSettings
 
     scratch = Path(tempfile.mkdtemp(prefix="blendserve-eval-"))
     settings = VLLMSettings(max_model_len=MAX_MODEL_LEN)
-    make_fuser = lambda runner: Fuser(runner, options, chunk_context=chunk_context, modes=modes)  # noqa: E731
     return engine_thread_access(VLLMEngine.start(path, scratch, settings, resolve_dtype(dtype, path), make_fuser))

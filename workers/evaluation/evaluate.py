@@ -107,7 +107,7 @@ def evaluate(
         start_s = time.perf_counter()
         engine.store_documents(record.documents, NAMESPACE)
         store_s += time.perf_counter() - start_s
-        prompt = engine.fuser.layout(record.documents, record.question)
+        prompt = engine.fuser.layout(record.documents, record.question, record.conversation)
         reference = _answer(engine, record, REFERENCE_MODE, 1.0, sampling)
         reference_logprobs = (
             _logprobs(access, prompt, REFERENCE_MODE, 1.0, reference.token_ids) if teacher_forced else None
@@ -165,7 +165,10 @@ def read_rows(path: Path) -> list[RecordScore]:
 
 
 def _answer(engine: Engine, record: QARecord, mode: str, ratio: float, sampling: SamplingParams) -> BlendResult:
-    return engine.generate(BlendRequest(record.documents, record.question, mode, ratio, sampling, NAMESPACE))
+    return engine.generate(
+        BlendRequest(record.documents, record.question, mode, ratio, sampling, NAMESPACE,
+                     conversation=record.conversation)
+    )
 
 
 def _logprobs(access: EngineAccess, prompt: PromptLayout, mode: str, ratio: float, answer: list[int]) -> torch.Tensor:

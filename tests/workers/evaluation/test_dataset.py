@@ -1,8 +1,10 @@
 """Reading the shared QA files: limits, offsets, and documents with their titles."""
 from pathlib import Path
 
+import pytest
+
 from tests.workers.conftest import DATA_DIR
-from workers.evaluation.dataset import load_records
+from workers.evaluation.dataset import in_conversation, load_records
 
 
 def test_offset_and_limit_select_a_slice() -> None:
@@ -24,3 +26,18 @@ def test_a_workload_request_stream_reads_as_records() -> None:
     record = load_records(path, limit=1)[0]
     assert len(record.documents) == 8 and record.documents[0].startswith("Sarah Silverman: Jesus Is Magic\n")
     assert "United States" in record.answers
+
+
+def test_records_in_conversation_follow_the_records_before_them() -> None:
+    records = load_records(DATA_DIR / "musique_cacheblend.dev.jsonl", limit=4)
+    chats = in_conversation(records, "Be brief.", 2)
+    first, third = chats[0].conversation, chats[2].conversation
+    assert first is not None and third is not None and first.system == "Be brief."
+    assert [(t.role, t.text) for t in third.turns] == [
+        ("user", records[0].question), ("assistant", records[0].answers[0]),
+        ("user", records[1].question), ("assistant", records[1].answers[0]),
+    ]
+    assert first.turns[0].text == records[2].question  # cyclic: the first record follows the last ones
+    assert chats[2].question == records[2].question and chats[2].documents == records[2].documents
+    with pytest.raises(ValueError, match="num_turns"):
+        in_conversation(records, None, 4)
