@@ -19,7 +19,7 @@ from workers.fusion.registry import FUSION_MODES
 MAX_STOP_SEQUENCES = 4
 MAX_TEMPERATURE = 2.0
 SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # OpenAI's int64 seeds; larger ones would overflow the samplers
-_NOT_YET = "is not supported yet (text chat only: no tools, images or audio)"
+_NOT_YET = "not supported yet (text chat only: no tools, images or audio)"
 _INSTRUCTIONS = ("system", "developer")
 
 
@@ -72,7 +72,7 @@ def _content_text(value: Any) -> Any:
 def _unsupported(value: Any) -> Any:
     """A field of OpenAI's API that blendserve does not serve yet: absent or null only."""
     if value is not None:
-        raise ValueError(_NOT_YET)
+        raise ValueError(f"is {_NOT_YET}")
     return value
 
 
@@ -272,7 +272,7 @@ class ChatMessage(_Request):
     @classmethod
     def _role(cls, value: str) -> str:
         if value in ("tool", "function"):
-            raise ValueError(f"must be system, developer, user or assistant: {value!r} messages {_NOT_YET}")
+            raise ValueError(f"must be system, developer, user or assistant: {value!r} messages are {_NOT_YET}")
         return value
 
     @property

@@ -72,7 +72,7 @@ CASES: list[tuple[str, Any, dict[str, str], int, str]] = [
     (CHAT, chat_body(messages=[{"role": "user", "content": 5}]), {}, 400, "messages[0].content"),
     (CHAT, chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), {}, 400, "text only"),
     (CHAT, chat_body(messages=[{"role": "tool", "content": "a"}, {"role": "user", "content": "a"}]), {}, 400,
-     "'tool' messages is not supported yet"),
+     "'tool' messages are not supported yet"),
     (CHAT, chat_body(messages=[{"role": "user", "content": "q", "name": 5}]), {}, 400, "messages[0].name"),
     (CHAT, chat_body(messages=[{"role": "root", "content": "q"}]), {}, 400, "messages[0].role"),
     (CHAT, chat_body(documents="text"), {}, 400, "documents: input should be a valid array"),

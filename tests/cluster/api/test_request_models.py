@@ -157,7 +157,7 @@ def test_system_and_developer_messages_and_earlier_turns_make_the_conversation()
         ({"messages": [*QUESTION, {"role": "assistant", "content": " "}, *QUESTION]}, "messages[1].content",
          "an earlier assistant turn"),
         ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "c1"}, *QUESTION]}, "messages[0].role",
-         "'tool' messages is not supported yet"),
+         "'tool' messages are not supported yet"),
         ({"messages": [*QUESTION, {"role": "assistant", "tool_calls": [{"id": "c1"}]}, *QUESTION]},
          "messages[1].tool_calls", "is not supported yet"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
