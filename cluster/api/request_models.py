@@ -70,10 +70,10 @@ def _content_text(value: Any) -> Any:
 
 
 def _unsupported(value: Any) -> Any:
-    """A field of OpenAI's API that blendserve does not serve yet: absent or null only."""
-    if value is not None:
+    """A field of OpenAI's API that blendserve does not serve yet: absent, null or empty (`"tool_calls": []`)."""
+    if value not in (None, [], {}):
         raise ValueError(f"is {_NOT_YET}")
-    return value
+    return None
 
 
 def _stop_tuple(value: Any) -> Any:

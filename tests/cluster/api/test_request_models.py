@@ -130,7 +130,7 @@ def test_system_and_developer_messages_and_earlier_turns_make_the_conversation()
         {"role": "system", "content": "You answer briefly."},
         {"role": "developer", "content": [{"type": "text", "text": "Cite nothing."}]},
         {"role": "user", "content": "Who wrote Hamlet?"},
-        {"role": "assistant", "content": "Shakespeare.", "refusal": None},
+        {"role": "assistant", "content": "Shakespeare.", "refusal": None, "tool_calls": []},  # as frameworks echo it
         {"role": "user", "content": "When?", "name": "ann"},
     ]
     conversation = prepared_chat(openai_body(messages=messages)).blend.conversation
