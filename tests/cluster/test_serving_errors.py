@@ -113,7 +113,7 @@ CASES: list[tuple[str, Any, dict[str, str], int, str]] = [
     (CHAT, chat_body(user=5), {}, 400, "user: "),
     (CHAT, chat_body(presence_penalty=1), {}, 400, "presence_penalty: must be 0 or absent"),
     (CHAT, chat_body(frequency_penalty="x"), {}, 400, "frequency_penalty: "),
-    (CHAT, chat_body(tools=[]), {}, 400, "tools: is not supported yet"),
+    (CHAT, chat_body(tools=[{"type": "function"}]), {}, 400, "tools: is not supported yet"),
     # Malformed bodies: syntax, duplicates, nesting, encodings.
     (CHAT, b'{"messages": [', {}, 400, "body: is not valid JSON"),
     (CHAT, b"[1, 2]", {}, 400, "body: input should be an object"),

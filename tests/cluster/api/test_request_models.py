@@ -190,7 +190,7 @@ def test_system_and_developer_messages_and_earlier_turns_make_the_conversation()
         ({**USER, "stop": 7}, "stop", "must be a string or a list of strings"),
         ({**USER, "presence_penalty": 0.5}, "presence_penalty", "penalties are not supported"),
         ({**USER, "stream": "yes"}, "stream", "input should be a valid boolean"),
-        ({**USER, "tools": []}, "tools", "is not supported yet (text chat only"),
+        ({**USER, "tools": [{"type": "function"}]}, "tools", "is not supported yet (text chat only"),
         ({**USER, "tool_choice": "auto"}, "tool_choice", "is not supported yet"),
         ({**USER, "document": [{"text": "typo"}]}, "document", "is not a known field"),
     ],
