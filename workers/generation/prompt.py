@@ -72,9 +72,9 @@ class PromptTemplate:
         prompt's is, so a chunk keeps its key (and its stored KV) under any system prompt and turns.
         """
         chunk_ids = [self._encode(doc + DOCUMENT_SEPARATOR) for doc in documents]
-        if conversation is None or conversation.is_one_shot:
-            head, tail = self._frame(Conversation(), question)
-            return PromptLayout(self._encode(head), chunk_ids, self._encode(tail))
+        if conversation is None or conversation.is_one_shot:  # the default prefix, tokenized once at construction
+            tail = self._frame(Conversation(), question)[1]
+            return PromptLayout(list(self._default_prefix_ids), chunk_ids, self._encode(tail))
         head, tail = self._frame(conversation, question)
         prefix_ids = self._encode(head)
         own = self.chunks_after == "request_prefix" or prefix_ids == self._default_prefix_ids
