@@ -2,16 +2,34 @@
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from workers.chunks.sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT
+
+if TYPE_CHECKING:  # annotations only: the configuration loads when a command runs
+    from cluster.config import ServeConfig
 
 app = typer.Typer(help="blendserve: RAG serving with CacheBlend chunk-KV fusion.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks; results go to JSON files.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 log = logging.getLogger("blendserve")
 DTYPE_HELP = "auto (bf16 on CPUs with native bf16, else float32; the model's own on GPU), bfloat16, float16 or float32."
+
+
+def _serve_config(path: Path | None, dtype: str | None) -> "ServeConfig":
+    """The configuration in `path` (or the defaults), its model.dtype replaced by `dtype` when given."""
+    from cluster.config import ConfigError, config_from_dict, config_to_dict, load_config
+
+    try:
+        serve_config = load_config(path)
+        if dtype is not None:
+            document = config_to_dict(serve_config)
+            serve_config = config_from_dict({**document, "model": {**document["model"], "dtype": dtype}}, "--dtype")
+    except ConfigError as error:
+        raise typer.BadParameter(str(error), param_hint="--dtype" if dtype is not None else "--config") from None
+    return serve_config
 
 
 @app.command("prepare-model")
@@ -57,23 +75,68 @@ def serve_command(
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible + documents) on Ray Serve until interrupted."""
     from cluster.api.auth import AuthConfigError
-    from cluster.config import ConfigError, config_from_dict, config_to_dict, load_config
     from cluster.server import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    try:
-        serve_config = load_config(config)
-        if dtype is not None:
-            document = config_to_dict(serve_config)
-            serve_config = config_from_dict({**document, "model": {**document["model"], "dtype": dtype}}, "--dtype")
-    except ConfigError as error:
-        raise typer.BadParameter(str(error), param_hint="--dtype" if dtype is not None else "--config") from None
+    serve_config = _serve_config(config, dtype)
     log.info("blendserve: serving %s on http://%s:%d", serve_config.model.served_name,
              serve_config.server.host, serve_config.server.port)
     try:
         run_server(serve_config)
     except AuthConfigError as error:
         raise typer.BadParameter(str(error), param_hint="--config") from None
+
+
+@app.command("ingest")
+def ingest_command(
+    source: str = typer.Argument(..., metavar="SOURCE", help="A Parquet, JSONL or CSV file or folder, local or s3://."),
+    id_column: str = typer.Option("id", help="The column of each row's document id (URL-safe)."),
+    text_column: str = typer.Option("text", help="The column of each row's text."),
+    tenant: str = typer.Option(None, help="The tenant whose chunks these are (default: server.default_tenant)."),
+    chunk: str = typer.Option("row", help="row (one row = one chunk) or tokens:N (split to at most N tokens, "
+                              "ids ID.0, ID.1, ...)."),
+    manifest: str = typer.Option("ingest-manifest.parquet", help="Where the manifest goes (Parquet; local or s3://)."),
+    refusals: str = typer.Option("ingest-refusals.jsonl", help="Where refused rows go, with file and row."),
+    summary: Path = typer.Option(None, help="Also write the summary here (JSON)."),
+    config: Path = typer.Option(None, exists=True, dir_okay=False, help="The serving configuration (default: none)."),
+    dtype: str = typer.Option(None, help=DTYPE_HELP + " Overrides the configuration's model.dtype."),
+    address: str = typer.Option(None, help="A running Ray cluster (auto, or host:port); default: a local Ray."),
+    actors: int = typer.Option(None, min=1, help="Chunk-KV actors (default: one per GPU, else per free CPUs)."),
+    threads_per_actor: int = typer.Option(1, min=1, help="CPUs (torch threads) each actor takes."),
+    rows_per_batch: int = typer.Option(32, min=1, help="Rows an actor takes at once."),
+) -> None:
+    """Compute and store the chunk KV of a corpus across the Ray cluster, with a manifest of what was stored."""
+    import ray
+
+    from cluster.ingest.chunking import ChunkRule
+    from cluster.ingest.pipeline import IngestJob, run_ingest
+    from cluster.ingest.source import Columns
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    serve_config = _serve_config(config, dtype)
+    shared = serve_config.tier("object")  # its storage options (an S3 endpoint, keys) serve its scheme's URLs
+    options = {} if shared is None else {shared.url.split("://", 1)[0]: dict(shared.storage_options)}
+    try:
+        job = IngestJob(source, manifest, refusals, Columns(id_column, text_column),
+                        tenant or serve_config.server.default_tenant, ChunkRule.parse(chunk), actors,
+                        threads_per_actor, rows_per_batch, options)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    ray.init(address=address)
+    try:
+        result = run_ingest(serve_config, job)
+    except (FileNotFoundError, ValueError) as error:
+        typer.echo(f"ingest: {error}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        ray.shutdown()
+    document = result.as_dict()
+    if summary is not None:
+        summary.write_text(json.dumps(document, indent=2) + "\n")
+    typer.echo(f"ingest: {result.num_documents} documents, {result.num_chunks} chunks, {result.num_tokens} tokens "
+               f"({result.num_computed_chunks} computed, {result.num_skipped_chunks} already stored), "
+               f"{result.num_refused} refused (see {refusals}); {document['tokens_per_s']} tokens/s; "
+               f"bytes by tier {result.bytes_by_tier}")
 
 
 @app.command("eval")

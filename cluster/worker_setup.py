@@ -7,6 +7,7 @@ from pathlib import Path
 
 import ray
 import torch
+from ray.actor import ActorHandle
 
 from cluster.config import ServeConfig
 from kvplane.ray.health import tier_events
@@ -45,19 +46,8 @@ def open_serving_tiered_store(
 ) -> tuple[TieredStore, ShardDirectory | None]:
     """The worker's device tier, then its node's KVShard (ram, ssd) and the shared object tier, as configured."""
     index = launch_location_index()
-    device, ram, ssd, shared = (config.tier(name) for name in ("device", "ram", "ssd", "object"))
-    directory = None
-    if ram is not None or ssd is not None:
-        shard = ShardConfig(
-            ram_capacity_bytes=0 if ram is None else ram.capacity_bytes,
-            ssd_url=None if ssd is None else ssd.url,
-            ssd_capacity_bytes=0 if ssd is None else ssd.capacity_bytes,
-            policy=(ram or ssd).policy,
-            tenant_share=config.server.tenant_cache_share,
-        )
-        ensure_local_shard(shard, index)
-        # The heartbeat's refresh starts this node's shard again should it be killed for good.
-        directory = ShardDirectory.discover(index, keep_local=shard)
+    device, shared = config.tier("device"), config.tier("object")
+    directory = open_node_shards(config, index)
     # Sent at once: the router should see a chunk in this worker before the answer reaches the client.
     reporter = IndexReporter(index, worker_id, tiers=DEVICE_ONLY, interval_s=0.0)
     tiered = open_worker_tiered_store(
@@ -71,6 +61,30 @@ def open_serving_tiered_store(
     )
     IndexWatch(index, tiered, reporter, tiers=DEVICE_ONLY).start()  # refills the index should it restart empty
     return tiered, directory
+
+
+def node_shard_config(config: ServeConfig) -> ShardConfig | None:
+    """The configured node shard (its RAM and SSD tiers), or None when the configuration has neither."""
+    ram, ssd = config.tier("ram"), config.tier("ssd")
+    if ram is None and ssd is None:
+        return None
+    return ShardConfig(
+        ram_capacity_bytes=0 if ram is None else ram.capacity_bytes,
+        ssd_url=None if ssd is None else ssd.url,
+        ssd_capacity_bytes=0 if ssd is None else ssd.capacity_bytes,
+        policy=(ram or ssd).policy,
+        tenant_share=config.server.tenant_cache_share,
+    )
+
+
+def open_node_shards(config: ServeConfig, index: ActorHandle) -> ShardDirectory | None:
+    """This node's shard started if absent, and the directory of every live one (None without shard tiers)."""
+    shard = node_shard_config(config)
+    if shard is None:
+        return None
+    ensure_local_shard(shard, index)
+    # The heartbeat's refresh starts this node's shard again should it be killed for good.
+    return ShardDirectory.discover(index, keep_local=shard)
 
 
 def worker_dtype(config: ServeConfig, path: Path) -> str:
