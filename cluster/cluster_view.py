@@ -1,4 +1,5 @@
 """What the ingress asks the cluster: the ready workers, where chunks are cached, the shards' evictions."""
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -6,6 +7,8 @@ from ray.serve.handle import DeploymentHandle
 
 from kvplane.ray.health import shard_health
 from kvplane.ray.location_index import launch_location_index
+from kvplane.ray.namespace import named_actors
+from kvplane.ray.shard import SHARD_NAME_PREFIX
 from scheduler.membership import Member, launch_membership
 from workers.engines.base import StoredChunk
 from workers.worker import Event, Job
@@ -25,6 +28,9 @@ class ClusterView(Protocol):
 
     async def shard_evictions(self) -> dict[tuple[str, str], int]:
         """(shard, tier) -> chunks evicted so far."""
+
+    async def drop_chunk(self, key: str) -> None:
+        """Remove a chunk from every node shard."""
 
 
 class WorkerClient(Protocol):
@@ -57,6 +63,10 @@ class RayClusterView:
             evictions.update({(name, tier): int(events["evictions"]) for tier, events in health.events.items()
                               if "evictions" in events})
         return evictions
+
+    async def drop_chunk(self, key: str) -> None:
+        # Every shard, not only the key's home: a shard that joined since the chunk was written changed the homes.
+        await asyncio.gather(*(shard.delete.remote(key) for shard in named_actors(SHARD_NAME_PREFIX).values()))
 
 
 class ServeWorkers:

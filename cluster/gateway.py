@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from cluster.api.documents import find_document, resolve_documents
 from cluster.api.request_models import (
     ApiError,
     ChatCompletionRequest,
@@ -22,6 +23,7 @@ from cluster.api.request_models import (
 from cluster.api.response_models import (
     ChatCompletion,
     Completion,
+    DocumentInfo,
     DocumentsResponse,
     ModelCard,
     ModelList,
@@ -30,10 +32,12 @@ from cluster.api.response_models import (
 from cluster.api.response_writer import ResponseFrame, collect, sse
 from cluster.cluster_view import ClusterView, Copies, WorkerClient
 from cluster.config import ServeConfig
+from cluster.ingest.table import DocumentTable, TableLocation
 from cluster.kv_metrics import KVMetrics
 from cluster.metrics import ServeMetrics
 from cluster.prompting import PreparedRequest, check_context_length, check_served, prepare_request
 from kvplane.ray.shard import SHARD_NAME_PREFIX
+from kvplane.tiers.spec import open_tier
 from scheduler.admission import Admission, AdmissionConfig, Rejected
 from scheduler.membership import Member
 from scheduler.placement import worker_locations
@@ -81,6 +85,7 @@ class Gateway:
         self.cluster = cluster
         self.tokens_in_flight: dict[str, int] = defaultdict(int)
         self.created = int(time.time())
+        self.documents = DocumentTable(TableLocation.of(config))  # ingested documents, by tenant and id
         # One thread: parsing and tokenizing leave the event loop, and the tokenizer is never used concurrently.
         self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blendserve-parse")
 
@@ -131,6 +136,24 @@ class Gateway:
         ]
         return DocumentsResponse(data=data)
 
+    async def document(self, doc_id: str, tenant: str) -> DocumentInfo:
+        """An ingested document's metadata (404 when the tenant has none of that id)."""
+        record = await self._off_loop(find_document, self.documents, tenant, doc_id)
+        return DocumentInfo(**record.metadata())
+
+    async def delete_document(self, doc_id: str, tenant: str) -> DocumentInfo:
+        """Remove an ingested document and its chunk KV from the shards and the object tier (404 when unknown).
+
+        Copies in workers' own memory are not reached: they age out, and a request naming the id is a 404 at once.
+        """
+        record = await self._off_loop(find_document, self.documents, tenant, doc_id)
+        await self._off_loop(self.documents.delete, tenant, doc_id)
+        await self.cluster.drop_chunk(record.key)
+        shared = self.config.tier("object")
+        if shared is not None:
+            await self._off_loop(lambda: open_tier(shared.to_spec()).delete(record.key))
+        return DocumentInfo(**record.metadata(), deleted=True)
+
     async def _off_loop(self, work: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._parser, work, *args)
 
@@ -140,6 +163,7 @@ class Gateway:
         """Parse and lay out a completion request of `tenant` (4xx on a bad one); runs in a thread."""
         request = parse_request(kind, body, self.config.limits)
         check_model(request.model, self.served_model)
+        request = resolve_documents(request, self.documents, tenant)
         prepared = prepare_request(request, self.config)
         blend = prepared.blend
         prompt = self.template.layout(blend.documents, blend.question, blend.conversation)

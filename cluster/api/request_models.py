@@ -121,7 +121,7 @@ class Document(_Request):
     """One retrieved document; it becomes one chunk of the prompt, in list order."""
 
     id: str | None = None
-    text: str
+    text: str | None = None  # None: the text of the document ingested under `id` (for the caller's tenant)
 
     @field_validator("id")
     @classmethod
@@ -130,8 +130,14 @@ class Document(_Request):
 
     @field_validator("text")
     @classmethod
-    def _text(cls, value: str) -> str:
-        return _non_empty(value)
+    def _text(cls, value: str | None) -> str | None:
+        return None if value is None else _non_empty(value)
+
+    @model_validator(mode="after")
+    def _id_or_text(self) -> "Document":
+        if self.id is None and self.text is None:
+            raise ValueError("text must be given (or the id of an ingested document)")
+        return self
 
 
 class BlendOptions(_Request):
@@ -384,6 +390,9 @@ class DocumentsRequest(_Request):
         limit = _limits(info).max_upload_documents
         if not 1 <= len(value) <= limit:
             raise ValueError(f"must hold 1 to {limit} documents, got {len(value)}")
+        for index, document in enumerate(value):
+            if document.text is None:
+                raise ValueError(f"[{index}].text must be given to store a document (an id alone names a stored one)")
         return value
 
 

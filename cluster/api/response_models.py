@@ -139,6 +139,20 @@ class DocumentsResponse(BaseModel):
     data: list[StoredDocument]
 
 
+class DocumentInfo(BaseModel):
+    """Response of `GET` and `DELETE /v1/documents/{id}`: an ingested document's metadata (not its text)."""
+
+    id: str
+    object: Literal["document"] = "document"
+    key: str
+    num_tokens: int
+    num_bytes: int
+    fingerprint: str
+    file: str
+    row: int
+    deleted: bool = False
+
+
 class ModelCard(BaseModel):
     """One served model."""
 

@@ -170,7 +170,7 @@ def test_system_and_developer_messages_and_earlier_turns_make_the_conversation()
         ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages[0].content", "text only"),
         ({**USER, "documents": [{"text": ""}]}, "documents[0].text", "must be a non-empty string"),
         ({**USER, "documents": [{"text": "a"}, {"text": 42}]}, "documents[1].text", "input should be a valid string"),
-        ({**USER, "documents": [{"id": "x"}]}, "documents[0].text", "is required"),
+        ({**USER, "documents": [{}]}, "documents[0].text", "must be given (or the id of an ingested document)"),
         ({**USER, "documents": ["plain"]}, "documents[0]", "input should be an object"),
         ({**USER, "documents": [{"text": "a", "title": "t"}]}, "documents[0].title", "is not a known field"),
         ({**USER, "documents": [{"text": "a"}] * 65}, "documents", "must hold at most 64 documents, got 65"),
