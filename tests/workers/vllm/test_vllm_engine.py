@@ -21,6 +21,7 @@ from workers.fusion.base import CraftOptions, FusionOptions  # noqa: E402
 from workers.generation.conversation import Conversation, Turn  # noqa: E402
 from workers.generation.sampling import SamplingParams  # noqa: E402
 from workers.vllm import handoff  # noqa: E402
+from workers.vllm.engine_config import cpu_threads  # noqa: E402
 
 NUM_TOKENS = 12
 # vLLM's float32 angle table vs blendserve's float64 one, on keys of magnitude ~10: measured <= 5.4e-4.
@@ -98,6 +99,11 @@ def _full_ratio_answers_like_full_prefill(vllm_engine, num_records: int) -> int:
         same += blended == plain
     assert handoff.num_held() == 0
     return same
+
+
+def test_the_engine_computes_on_every_core_when_started_on_one_thread(vllm_engine) -> None:
+    # The fixture starts it with this process on one OpenMP thread, as Ray starts a worker actor.
+    assert vllm_engine.call(torch.get_num_threads) == cpu_threads() > 0
 
 
 def test_cacheblend_at_full_ratio_answers_like_full_prefill(vllm_engine) -> None:
