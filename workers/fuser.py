@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from kvplane.layer_stream import ChunkLost
+from workers.chunks.batch_kv import compute_chunks_kv
 from workers.chunks.kv import compute_chunk_kv
 from workers.chunks.lookup import LookupResult, lookup_layout
-from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT, ChunkSources, prompt_parts
+from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT, ChunkSource, ChunkSources, prompt_parts
 from workers.chunks.store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore, record_impact, stored_impact
 from workers.chunks.variants import Variant, VariantIndex, chunk_keys
 from workers.engines.base import StoredChunk
@@ -120,15 +121,16 @@ class Fuser:
 
     def precompute(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""
-        parts = [(prompt.prefix_ids, True)] + [(ids, False) for ids in prompt.chunk_ids]
-        return sum(self._store_missing(ids, is_prefix, prompt, namespace) for ids, is_prefix in parts if ids)
+        parts = [(ids, is_prefix) for ids, is_prefix in [(prompt.prefix_ids, True)] + [(ids, False) for ids in
+                                                                                         prompt.chunk_ids] if ids]
+        return sum(self._store_missing(parts, prompt, namespace))
 
     def store_documents(self, documents: list[str], namespace: str = DEFAULT_NAMESPACE) -> list[StoredChunk]:
         """Compute (if missing) and store each document's chunk KV; where each now lives, in order."""
         prompt = self.layout(documents, "")
-        stored = [StoredChunk(len(ids), self._store_missing(ids, False, prompt, namespace)) for ids in prompt.chunk_ids]
-        if prompt.prefix_ids:
-            self._store_missing(prompt.prefix_ids, True, prompt, namespace)
+        parts = [(ids, False) for ids in prompt.chunk_ids] + ([(prompt.prefix_ids, True)] if prompt.prefix_ids else [])
+        computed = self._store_missing(parts, prompt, namespace)
+        stored = [StoredChunk(len(ids), was_computed) for ids, was_computed in zip(prompt.chunk_ids, computed)]
         self.store.flush()
         context = self._context_ids(False, prompt)
         for chunk, ids in zip(stored, prompt.chunk_ids):
@@ -171,7 +173,7 @@ class Fuser:
         for seg in fused.layout.segments:
             if _missed(seg):
                 ids = fused.layout.token_ids[seg.start : seg.end].tolist()
-                self._store_missing(ids, seg.kind == PREFIX, prompt, namespace)
+                self._store_missing([(ids, seg.kind == PREFIX)], prompt, namespace)
         if self.variants is not None:
             self._make_variants(fused, prompt, namespace, self.variants)
 
@@ -249,17 +251,32 @@ class Fuser:
         """What a part's base KV is computed after: nothing, or the prompt prefix (never for the prefix itself)."""
         return self.sources.context_ids(is_prefix, prompt)
 
-    def _store_missing(self, ids: list[int], is_prefix: bool, prompt: PromptLayout, namespace: str) -> bool:
-        """Compute and store each version of a part the store lacks; whether there was any."""
-        missing = [
-            source
-            for source in self.sources.versions(is_prefix, prompt, namespace)
-            if not self.store.contains(ids, source.context_ids, source.namespace)
-        ]
-        for source in missing:
-            chunk = compute_chunk_kv(self.runner, ids, source.context_ids, source.hides_context)
-            self.store.put(chunk, source.context_ids, source.namespace)
-        return bool(missing)
+    def _store_missing(
+        self, parts: list[tuple[list[int], bool]], prompt: PromptLayout, namespace: str
+    ) -> list[bool]:
+        """Compute and store each version of each part (ids, is_prefix) the store lacks; per part, whether any was.
+
+        The missing versions that share a context are computed together, several per forward pass.
+        """
+        missing: dict[tuple[tuple[int, ...], bool], list[tuple[list[int], ChunkSource]]] = {}
+        computed = []
+        seen: set[tuple[tuple[int, ...], bool]] = set()
+        for ids, is_prefix in parts:
+            first = (tuple(ids), is_prefix) not in seen  # a document sent twice is computed once, for the first
+            seen.add((tuple(ids), is_prefix))
+            absent = [
+                source
+                for source in self.sources.versions(is_prefix, prompt, namespace)
+                if first and not self.store.contains(ids, source.context_ids, source.namespace)
+            ]
+            for source in absent:
+                missing.setdefault((tuple(source.context_ids), source.hides_context), []).append((ids, source))
+            computed.append(bool(absent))
+        for (context, hides_context), wanted in missing.items():
+            chunks = compute_chunks_kv(self.runner, [ids for ids, _ in wanted], context, hides_context)
+            for chunk, (_, source) in zip(chunks, wanted):
+                self.store.put(chunk, source.context_ids, source.namespace)
+        return computed
 
 
 def _missed(seg: Segment) -> bool:
