@@ -58,6 +58,7 @@ def test_fast_loads_run_at_the_floor_and_match_the_uncontrolled_engine(checkpoin
     assert engine.fuser.controller.telemetry.tier(LOCAL_TIER).num_observations == 30 * 4
 
 
+@pytest.mark.slow  # the engine path is covered by the first test; these vary the plan
 def test_a_request_ratio_above_the_floor_is_kept(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     engine = controlled(checkpoint, FREE)
     record = qa_records[2]
@@ -66,6 +67,7 @@ def test_a_request_ratio_above_the_floor_is_kept(checkpoint: Checkpoint, qa_reco
     assert ask(engine, record, ratio=0.05).stats.recompute_ratio == 0.15  # never below r*
 
 
+@pytest.mark.slow  # the engine path is covered by the first test; these vary the plan
 def test_hopeless_loads_recompute_from_scratch_without_writing_back(checkpoint: Checkpoint,
                                                                     qa_records: list[dict]) -> None:
     engine = controlled(checkpoint, GLACIAL)
