@@ -13,7 +13,7 @@ from workers.engines.base import BlendRequest, BlendResult, Engine
 from workers.evaluation.bootstrap import bootstrap_interval
 from workers.evaluation.dataset import QARecord
 from workers.evaluation.divergence import TeacherForced, teacher_forced_divergence
-from workers.evaluation.scoring import best_f1, normalize_answer, token_f1
+from workers.evaluation.scoring import best_f1, contains_answer, normalize_answer, token_f1
 from workers.evaluation.teacher_forced import answer_logprobs
 from workers.generation.prompt import PromptLayout
 from workers.generation.sampling import SamplingParams
@@ -22,8 +22,8 @@ REFERENCE_MODE = "full_prefill"
 NAMESPACE = "eval"
 T = TypeVar("T")
 # per-record figures summarised as a mean with a 95% bootstrap interval over records
-QUALITY_METRICS = ("f1", "agreement_f1", "exact_match", "first_token_agreement", "first_token_kl", "tf_kl",
-                   "tf_nll_gap")
+QUALITY_METRICS = ("f1", "accuracy", "agreement_f1", "exact_match", "first_token_agreement", "first_token_kl",
+                   "tf_kl", "tf_nll_gap")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,7 @@ class RecordScore:
     ttft_s: float
     recomputed_fraction: float
     context_tokens: int
+    accuracy: float | None = None  # 1.0 when a gold answer appears in the answer (None: rows written before it)
 
 
 def evaluate(
@@ -198,4 +199,5 @@ def _score(
         ttft_s=result.stats.ttft_s,
         recomputed_fraction=result.stats.recomputed_fraction,
         context_tokens=result.stats.context_tokens,
+        accuracy=contains_answer(result.text, record.answers),
     )

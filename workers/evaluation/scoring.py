@@ -28,3 +28,9 @@ def token_f1(prediction: str, reference: str) -> float:
 def best_f1(prediction: str, references: list[str]) -> float:
     """F1 against the closest of several reference answers."""
     return max((token_f1(prediction, r) for r in references), default=0.0)
+
+
+def contains_answer(prediction: str, references: list[str]) -> float:
+    """1.0 when some reference answer appears in the prediction after normalisation (RULER's string match)."""
+    text = f" {normalize_answer(prediction)} "
+    return float(any(f" {normalize_answer(r)} " in text for r in references if normalize_answer(r)))

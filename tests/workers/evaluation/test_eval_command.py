@@ -10,7 +10,8 @@ from tests.workers.conftest import DATA_DIR
 from workers.model.default import prepare_default_model
 from workers.model.dtype import measured_on, resolve_dtype
 
-QUALITY = ("f1", "agreement_f1", "exact_match", "first_token_agreement", "first_token_kl", "tf_kl", "tf_nll_gap")
+QUALITY = ("f1", "accuracy", "agreement_f1", "exact_match", "first_token_agreement", "first_token_kl", "tf_kl",
+           "tf_nll_gap")
 SUMMARY_KEYS = {"mode", "ratio", "records", "ttft_s_median", "ttft_s_mean", "context_tokens_mean",
                 "recomputed_fraction", *QUALITY, *(f"{m}_ci95" for m in QUALITY)}
 
