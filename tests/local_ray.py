@@ -15,11 +15,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_serve(root: Path, num_cpus: int, object_store_bytes: int, http_port: int,
-                env: dict[str, str] | None = None) -> Iterator[None]:
-    """A one-node Ray on loopback with Serve's proxy on `http_port`; everything stopped on the way out."""
+def local_ray(root: Path, num_cpus: int, object_store_bytes: int, env: dict[str, str] | None = None) -> Iterator[None]:
+    """A one-node Ray on loopback with its files under `root` (a short path); stopped on the way out."""
     import ray
-    from ray import serve
     from ray._private import ray_constants
 
     with pytest.MonkeyPatch.context() as patch:
@@ -31,8 +29,20 @@ def local_serve(root: Path, num_cpus: int, object_store_bytes: int, http_port: i
         ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=str(root / "ray"),
                  object_store_memory=object_store_bytes)
         try:
+            yield
+        finally:
+            ray.shutdown()
+
+
+@contextmanager
+def local_serve(root: Path, num_cpus: int, object_store_bytes: int, http_port: int,
+                env: dict[str, str] | None = None) -> Iterator[None]:
+    """A one-node Ray on loopback with Serve's proxy on `http_port`; everything stopped on the way out."""
+    from ray import serve
+
+    with local_ray(root, num_cpus, object_store_bytes, env):
+        try:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port})
             yield
         finally:
             serve.shutdown()
-            ray.shutdown()
