@@ -1,6 +1,7 @@
 """The ingest job on Ray Data: read -> check ids -> chunk KV on an actor pool -> manifest, refusals, summary."""
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -99,11 +100,15 @@ def run_ingest(config: ServeConfig, job: IngestJob) -> IngestSummary:
     ).materialize()
     checked = rows.select_columns(["file", "row", "id", "digest", "problem"]).iter_rows()
     repeats = repeated_ids(checked)
-    stored = rows.map_batches(mark_repeats, fn_kwargs={"repeats": repeats}, batch_format="pyarrow").map_batches(
+    # One block per actor batch: the pool spreads blocks, so a corpus in one file still keeps every actor busy.
+    num_blocks = max(1, math.ceil(rows.count() / job.rows_per_batch))
+    stored = rows.repartition(num_blocks).map_batches(
+        mark_repeats, fn_kwargs={"repeats": repeats}, batch_format="pyarrow"
+    ).map_batches(
         ChunkKVActor,
         fn_constructor_kwargs={"config": config_to_dict(config), "dtype": dtype, "tenant": job.tenant,
                                "rule": str(job.rule), "num_threads": job.threads_per_actor},
-        concurrency=pool.num_actors,
+        compute=ray.data.ActorPoolStrategy(size=pool.num_actors),
         num_cpus=pool.num_cpus,
         num_gpus=pool.num_gpus,
         batch_size=job.rows_per_batch,

@@ -29,8 +29,8 @@ def test_jsonl_rows_count_lines_and_refuse_bad_ones(tmp_path: Path) -> None:
                      + b'not json\n[1]\n{"id": "d", "text": "four"}\n')
     rows = read_corpus_file(str(path), Columns(), {}, NO_WAIT)
     assert [(r["row"], r["id"], r["problem"][:12]) for r in rows] == [
-        (1, "a", ""), (3, "b", "has no text"), (4, "", "not UTF-8 (b"), (5, "", "not a JSON o"), (6, "", "not a JSON o"),
-        (7, "d", ""),
+        (1, "a", ""), (3, "b", "has no text"), (4, "", "not UTF-8 (b"), (5, "", "not a JSON o"),
+        (6, "", "not a JSON o"), (7, "d", ""),
     ]
     assert all(r["file"] == str(path) for r in rows)
 
