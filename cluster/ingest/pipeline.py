@@ -101,8 +101,9 @@ def run_ingest(config: ServeConfig, job: IngestJob) -> IngestSummary:
     checked = rows.select_columns(["file", "row", "id", "digest", "problem"]).iter_rows()
     repeats = repeated_ids(checked)
     # One block per actor batch: the pool spreads blocks, so a corpus in one file still keeps every actor busy.
-    num_blocks = max(1, math.ceil(rows.count() / job.rows_per_batch))
-    stored = rows.repartition(num_blocks).map_batches(
+    # Split before the pool starts: the split's tasks need CPUs that the pool's idle actors would hold.
+    rows = rows.repartition(max(1, math.ceil(rows.count() / job.rows_per_batch))).materialize()
+    stored = rows.map_batches(
         mark_repeats, fn_kwargs={"repeats": repeats}, batch_format="pyarrow"
     ).map_batches(
         ChunkKVActor,
