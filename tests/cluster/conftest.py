@@ -2,6 +2,7 @@
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,23 @@ def running_app(root: Path, config: dict[str, Any], headers: dict[str, str] | No
         yield base_url
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The running app's base URL and the configuration it serves (its data_dir filled in)."""
+
+    base_url: str
+    config: dict[str, Any]
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of the running app; Ray, Serve and every actor are stopped afterwards."""
-    with running_app(tmp_path_factory.mktemp("serve"), SERVE_CONFIG) as base_url:
-        yield base_url
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The running app; Ray, Serve and every actor are stopped afterwards. This process is Ray's driver."""
+    root = tmp_path_factory.mktemp("serve")
+    with running_app(root, SERVE_CONFIG) as base_url:
+        yield Served(base_url, {**SERVE_CONFIG, "data_dir": str(root / "data")})
+
+
+@pytest.fixture(scope="module")
+def server(served: Served) -> str:
+    """Base URL of the running app."""
+    return served.base_url

@@ -1,4 +1,5 @@
 """The served app end to end: openai client, cache reuse, affinity, streaming, documents API, metrics."""
+import json
 import time
 
 import httpx
@@ -114,6 +115,33 @@ def test_documents_api_is_idempotent_and_feeds_later_requests(server, client):
     answer = chat(client, [DOCS[2]], "Which sea does the Danube reach?", tenant="docs").model_extra["blend"]
     assert answer["worker"] == stored[0]["worker"]
     assert sum(answer["reused_tokens"].values()) >= stored[0]["num_tokens"]
+
+
+def test_a_corpus_ingested_on_the_serving_cluster_is_named_by_id(served, client, tmp_path):
+    from cluster.config import config_from_dict
+    from cluster.ingest.pipeline import IngestJob, run_ingest
+    from workers.model.checkpoint import load_model_card
+    from workers.model.default import prepare_default_model
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"ing-{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    config = config_from_dict(served.config)
+    job = IngestJob(str(corpus), str(tmp_path / "manifest.parquet"), str(tmp_path / "refused.jsonl"),
+                    tenant="ingest", num_actors=1)
+    summary = run_ingest(config, job)  # on the app's own Ray: its shards, its document table, its dtype
+    assert (summary.num_computed_chunks, summary.num_refused) == (3, 0)
+
+    documents = {"documents": [{"id": "ing-2"}, {"id": "ing-0"}]}
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                            max_tokens=12, extra_body=documents, extra_headers={"X-Tenant": "ingest"})
+    _, tokenizer = load_model_card(prepare_default_model())
+    prompt = config.prompt.template(tokenizer).layout([DOCS[2], DOCS[0]], QUESTION)
+    context_tokens = len(prompt.prefix_ids) + sum(map(len, prompt.chunk_ids))
+    assert sum(answer.model_extra["blend"]["reused_tokens"].values()) == context_tokens  # every ingested chunk
+
+    unknown = httpx.post(f"{served.base_url}/v1/chat/completions", headers={"X-Tenant": "other"}, timeout=60,
+                         json={"messages": [{"role": "user", "content": QUESTION}], "documents": [{"id": "ing-0"}]})
+    assert unknown.status_code == 404 and "documents[0].id: no document 'ing-0'" in unknown.json()["error"]["message"]
 
 
 def test_a_chat_with_a_system_prompt_reuses_stored_chunks_on_every_turn_streamed_or_not(server, client):
