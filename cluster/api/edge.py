@@ -33,6 +33,13 @@ class Edge:
         if self._keys and (not metrics or self._server.metrics_require_key):
             self._keys.caller(headers)
 
+    def tenant(self, headers: Mapping[str, str]) -> str:
+        """The caller's tenant on a route without a body (a document by id); 401/403/400 as `enter` refuses."""
+        if self.draining:
+            message = "the server is shutting down; retry (another replica or instance takes the request)"
+            raise ApiError(503, message, None, "service_unavailable", {"Retry-After": str(DRAINING_RETRY_AFTER_S)})
+        return tenant_of(headers, self._server, self._keys)
+
     async def enter(self, request: Request) -> tuple[str, bytes]:
         """The caller's tenant and the body, holding a quota slot (`leave` frees it); 4xx before any body read."""
         if self.draining:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.api.edge import Edge
 from cluster.api.request_models import (
     ApiError,
     ChatCompletionRequest,
@@ -13,7 +14,7 @@ from cluster.api.request_models import (
     DocumentsRequest,
     parse_request,
 )
-from cluster.config import LimitsConfig, ServeConfig
+from cluster.config import LimitsConfig, ServeConfig, config_from_dict
 from cluster.gateway import Gateway
 from cluster.ingest.table import DocumentRecord, DocumentTable, TableLocation
 from scheduler.membership import Member
@@ -103,3 +104,11 @@ def test_a_document_needs_a_text_or_an_id_and_storing_needs_the_text() -> None:
         parse_request(ChatCompletionRequest, _body([{}]), LimitsConfig())
     with pytest.raises(ApiError, match=r"documents\[0\].text: must be given to store a document"):
         parse_request(DocumentsRequest, json.dumps({"documents": [{"id": "doc-1"}]}).encode(), LimitsConfig())
+
+
+def test_routes_by_id_take_the_tenant_from_the_headers() -> None:
+    trusting = Edge.from_config(config_from_dict({"server": {"trust_tenant_header": True}}))
+    assert trusting.tenant({"x-tenant": "acme"}) == "acme" and trusting.tenant({}) == "default"
+    with pytest.raises(ApiError) as caught:
+        Edge.from_config(ServeConfig()).tenant({"x-tenant": "acme"})
+    assert caught.value.status_code == 403
