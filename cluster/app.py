@@ -70,6 +70,14 @@ class Ingress:
     async def documents(self, request: Request) -> Response:
         return await self._answer("documents", request, self.gateway.store_documents)
 
+    @api.get("/v1/documents/{doc_id}")
+    async def document(self, doc_id: str, request: Request) -> Response:
+        return await self._by_id("documents", request, doc_id, self.gateway.document)
+
+    @api.delete("/v1/documents/{doc_id}")
+    async def delete_document(self, doc_id: str, request: Request) -> Response:
+        return await self._by_id("documents", request, doc_id, self.gateway.delete_document)
+
     @api.get("/v1/models")
     async def models(self, request: Request) -> Response:
         try:
@@ -103,6 +111,19 @@ class Ingress:
         except ApiError as error:
             return _error_response(error)
         return Response(await self.gateway.render_metrics(), media_type="text/plain; version=0.0.4")
+
+    async def _by_id(
+        self, endpoint: str, request: Request, doc_id: str, work: Callable[[str, str], Awaitable[BaseModel]]
+    ) -> Response:
+        """A route without a body: the caller's tenant from the headers, then the gateway; errors become 4xx."""
+        counter = self.gateway.metrics.requests
+        try:
+            answer = await work(doc_id, self.edge.tenant(request.headers))
+        except ApiError as error:
+            counter.labels(endpoint, str(error.status_code)).inc()
+            return _error_response(error)
+        counter.labels(endpoint, "200").inc()
+        return JSONResponse(answer.model_dump(mode="json"))
 
     async def _answer(self, endpoint: str, request: Request, work: Callable[[bytes, str], Awaitable[Any]]) -> Response:
         """Check the caller and read the body, await the gateway; errors become 4xx/5xx, a stream becomes SSE."""

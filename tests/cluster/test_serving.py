@@ -143,6 +143,17 @@ def test_a_corpus_ingested_on_the_serving_cluster_is_named_by_id(served, client,
                          json={"messages": [{"role": "user", "content": QUESTION}], "documents": [{"id": "ing-0"}]})
     assert unknown.status_code == 404 and "documents[0].id: no document 'ing-0'" in unknown.json()["error"]["message"]
 
+    url, ingest = f"{served.base_url}/v1/documents/ing-0", {"X-Tenant": "ingest"}
+    found = httpx.get(url, headers=ingest, timeout=60)
+    assert found.status_code == 200 and found.json()["id"] == "ing-0" and found.json()["num_tokens"] > 0
+    assert httpx.get(url, headers={"X-Tenant": "other"}, timeout=60).status_code == 404
+    deleted = httpx.delete(url, headers=ingest, timeout=60)
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    assert httpx.get(url, headers=ingest, timeout=60).status_code == 404
+    gone = httpx.post(f"{served.base_url}/v1/chat/completions", headers=ingest, timeout=60,
+                      json={"messages": [{"role": "user", "content": QUESTION}], "documents": [{"id": "ing-0"}]})
+    assert gone.status_code == 404
+
 
 def test_a_chat_with_a_system_prompt_reuses_stored_chunks_on_every_turn_streamed_or_not(server, client):
     # Chunks stored through the documents API are computed after the template's own prefix: a chat with a
