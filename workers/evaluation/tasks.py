@@ -17,10 +17,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-_MAX_MISSES = 16  # filler sentences in a row that overflow a chunk's budget before it counts as full
 FAMILIES = ("single_fact", "multi_key", "chain", "reference")
-SPANNING = ("chain", "reference")
+SPANNING = ("chain", "reference")  # the answer needs two chunks
 ORDERS = ("forward", "backward")
+_MAX_MISSES = 16  # filler sentences in a row that overflow a chunk's budget before it counts as full
 
 CountTokens = Callable[[str], int]
 """Tokens of a text under the served model's tokenizer."""
@@ -95,7 +95,7 @@ def facts_of(settings: TaskSettings, rng: random.Random) -> tuple[list[Placed], 
     """The fact sentences to write (with their chunks), the question, and its one answer."""
     value = str(rng.randrange(1_000_000, 10_000_000))
     anchor = fact_chunk(settings)
-    if settings.family in ("single_fact", "multi_key"):
+    if settings.family not in SPANNING:
         keys = rng.sample(_WORDS, 1 + (settings.num_distractors if settings.family == "multi_key" else 0))
         placed = [Placed(anchor, _needle(keys[0], value))]
         others = rng.sample([c for c in range(settings.num_chunks) if c != anchor], len(keys) - 1)
