@@ -206,7 +206,7 @@ def test_the_image_holds_python_3_11_and_ray_and_blendserve_on_path(target, tmp_
     path = [word.split("=", 1)[1] for words in envs for word in words if word.startswith("PATH=")]
     assert path and path[-1].startswith(f"{VENV}/bin:")  # `bash -c`: ray and blendserve from the virtualenv
     assert "blendserve" in PYPROJECT["project"]["scripts"]
-    assert pinned(PYPROJECT["project"]["dependencies"], "ray").startswith("ray[serve]==")  # brings `ray`
+    assert pinned(PYPROJECT["project"]["dependencies"], "ray").startswith("ray[serve,data]==")  # brings `ray`
     # `bash -lc` (KubeRay's ENABLE_LOGIN_SHELL): Debian's /etc/profile resets PATH, then sources profile.d.
     # bash itself runs the Dockerfile's line, so its quoting is checked as the build would run it.
     ((echo, target_file),) = [re.search(r"(echo .+?) > (/etc/profile\.d/\S+\.sh)", run).groups()
