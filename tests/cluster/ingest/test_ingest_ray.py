@@ -100,6 +100,7 @@ def manifest_rows(url: str, storage_options: dict[str, Any] | None = None) -> li
     return list(zip(table["id"].to_pylist(), table["key"].to_pylist(), table["num_tokens"].to_pylist()))
 
 
+@pytest.mark.slow  # 77 s on AVX2; tests/cluster/test_serving.py ingests on the app's Ray by default
 def test_a_corpus_in_s3_is_stored_as_post_documents_would_and_a_rerun_computes_nothing(
     ray_root: Path, s3: str, tmp_path: Path
 ) -> None:
