@@ -74,7 +74,7 @@ class Gateway:
         # What the workers' engines serve: refreshed from their reports (vLLM's max_model_len may be smaller).
         self.limits = EngineLimits(model.max_position_embeddings, frozenset(FUSION_MODES))
         # K and V of one token in every layer, per byte of the workers' dtype (they report it).
-        self.values_per_token = model.num_layers * 2 * model.num_kv_heads * model.head_dim
+        self.values_per_token = model.kv_values_per_token
         self.template = config.prompt.template(tokenizer)
         self.sources = ChunkSources.for_model(config.engine.chunk_context, model)
         self.router = Router(config.router)

@@ -229,7 +229,7 @@ class Fuser:
                 BlendLayout.build(prompt, [None] * len(prompt.chunk_ids), None, kv_end=kv_end), recompute_ratio
             )
         cfg = self.runner.config
-        layer_bytes_per_token = 2 * cfg.num_kv_heads * cfg.head_dim * self.runner.dtype.itemsize
+        layer_bytes_per_token = cfg.kv_values_per_token // cfg.num_layers * self.runner.dtype.itemsize
         return lookup_layout(
             self.store,
             prompt,

@@ -72,8 +72,7 @@ class ChunkKVIngest:
         self.tenant = tenant
         self.rule = rule
         self.max_context_tokens = max_context_tokens
-        cfg, runner = fuser.runner.config, fuser.runner
-        self.bytes_per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * runner.dtype.itemsize
+        self.bytes_per_token = fuser.runner.config.kv_values_per_token * fuser.runner.dtype.itemsize
 
     def pieces(self, row: Mapping[str, Any]) -> list[Piece]:
         """The chunks of one checked row under the rule."""

@@ -152,6 +152,11 @@ class ModelConfig:
         return self.num_kv_heads, self.head_dim
 
     @property
+    def kv_values_per_token(self) -> int:
+        """K and V values one token keeps over every layer (times the dtype's size: its cache bytes)."""
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim
+
+    @property
     def embedding_scale(self) -> float:
         """What token embeddings are multiplied by before the first layer."""
         return math.sqrt(self.hidden_size) if self.traits.scales_embeddings else 1.0

@@ -144,7 +144,7 @@ def test_a_corpus_in_s3_is_stored_as_post_documents_would_and_a_rerun_computes_n
     assert manifest_rows(job.manifest_url, options) == manifest
 
 
-@pytest.mark.slow  # two CLI runs, each starting Ray; the corpus test above covers ingest by default
+@pytest.mark.slow  # two CLI runs, each starting Ray; tests/cluster/test_serving.py ingests on the app's Ray by default
 def test_a_run_stopped_with_ctrl_c_and_run_again_ends_as_an_uninterrupted_run(ray_root: Path, tmp_path: Path) -> None:
     texts = passages(24)
     corpus = tmp_path / "corpus.jsonl"
