@@ -27,16 +27,16 @@ from workers.chunks.store import LocalChunkStore
 from workers.chunks.variants import VariantIndex, VariantRules
 from workers.engines.base import BlendRequest
 from workers.engines.torch_engine import TorchEngine
-from workers.evaluation.divergence import teacher_forced_divergence
 from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
 from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
 from workers.evaluation.scoring import token_f1
-from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
 from workers.fusion.base import FusionOptions
 from workers.fusion.cachecraft import CacheCraft
 from workers.fusion.registry import make_fusion_modes
+from workers.generation.divergence import teacher_forced_divergence
 from workers.generation.sampling import SamplingParams
+from workers.generation.teacher_forced import answer_logprobs
 from workers.model.default import prepare_default_model
 from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
 

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 
 from workers.chunks.sources import PREFIX_INDEX, ChunkSource, ChunkSources
-from workers.evaluation.divergence import teacher_forced_divergence
-from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
 from workers.generation.decode import greedy_answer
+from workers.generation.divergence import teacher_forced_divergence
 from workers.generation.prompt import PromptLayout
+from workers.generation.teacher_forced import answer_logprobs
 from workers.model.checkpoint import load_checkpoint
 from workers.model.dtype import measured_on
 from workers.model.runner import ModelRunner

@@ -28,10 +28,10 @@ import torch
 
 from workers.chunks.kv import forward_hiding_context
 from workers.chunks.sources import CHUNK_CONTEXTS, DEFAULT_CHUNK_CONTEXT, ChunkSources
-from workers.evaluation.divergence import teacher_forced_divergence
-from workers.evaluation.teacher_forced import answer_logprobs
 from workers.fuser import Fuser
 from workers.generation.decode import greedy_answer
+from workers.generation.divergence import teacher_forced_divergence
+from workers.generation.teacher_forced import answer_logprobs
 from workers.model.checkpoint import load_checkpoint
 from workers.model.dtype import DTYPE_CHOICES, measured_on, resolve_dtype, torch_dtype
 from workers.model.kv_cache import KVCache

@@ -167,9 +167,13 @@ def eval_command(
                                       "before it: question, first gold answer)."),
     chunks_after: str = typer.Option("default_prefix", help="A chat's chunk KV is computed after the default "
                                      "prefix or the request's own (request_prefix)."),
+    kv_compressions: str = typer.Option("none", help="Comma-separated compressions of chunk KV (none, int8, int4): "
+                                        "each mode also runs reading chunk KV as a tier so compressed serves it "
+                                        "(labels MODE+COMPRESSION)."),
 ) -> None:
     """Compare fusion modes on agreement with full prefill (F1, exact match, first token, teacher-forced KL)
     and TTFT; every quality figure with a 95% bootstrap interval over records."""
+    from kvplane.compression.registry import compression
     from workers.evaluation.dataset import in_conversation, load_records
     from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
     from workers.evaluation.evaluate import REFERENCE_MODE, EvalRun, evaluate, score_row, summarise
@@ -188,7 +192,12 @@ def eval_command(
     if gradual_filtering:
         options = options.with_gradual_filtering()
     try:
-        access = load_eval_engine(engine, model, dtype, options, chunk_context, chunks_after=chunks_after)
+        packings = [compression(name.strip()).name for name in kv_compressions.split(",") if name.strip()]
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--kv-compressions") from None
+    try:
+        access = load_eval_engine(engine, model, dtype, options, chunk_context, chunks_after=chunks_after,
+                                  kv_compressions=packings)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--dtype") from None
     unknown = [m for m in mode_names if m not in access.engine.fuser.modes]
@@ -197,7 +206,9 @@ def eval_command(
                                  param_hint="--modes")
     runs = [EvalRun(REFERENCE_MODE, REFERENCE_MODE, 1.0)]
     for name in (m for m in mode_names if m != REFERENCE_MODE):
-        runs += [EvalRun(name if len(chosen) == 1 else f"{name}@{r:g}", name, r) for r in chosen]
+        for r in chosen:
+            label = name if len(chosen) == 1 else f"{name}@{r:g}"
+            runs += [EvalRun(label if p == "none" else f"{label}+{p}", name, r, p) for p in packings]
     records = load_records(data, limit, offset)
     if system_prompt is not None or earlier_turns:
         records = in_conversation(records, system_prompt, earlier_turns)

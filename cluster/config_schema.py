@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from kvplane.checks import check, check_count, check_non_negative, check_positive
+from kvplane.compression.registry import COMPRESSIONS, NONE
 from kvplane.eviction.policy import POLICIES
 from kvplane.tiers.fs import DEFAULT_TIMEOUT_S
 from kvplane.tiers.spec import TierSpec
@@ -132,6 +133,7 @@ class TierConfig:
     policy: str = "tinylfu"
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     timeout_s: float = DEFAULT_TIMEOUT_S  # per call to a remote backend (connect, each read); then it is skipped
+    compression: str = NONE  # how chunk KV written here is stored (docs/store.md "Compression")
 
     def __post_init__(self) -> None:
         check(self.name in TIER_ROLES, "name", f"one of {list(TIER_ROLES)} (the tier's role)", self.name)
@@ -145,12 +147,15 @@ class TierConfig:
         check_count("capacity_bytes", self.capacity_bytes, 0)
         check(self.policy in POLICIES, "policy", f"one of {sorted(POLICIES)}", self.policy)
         check_positive("timeout_s", self.timeout_s)
+        check(self.compression in COMPRESSIONS, "compression", f"one of {sorted(COMPRESSIONS)}", self.compression)
         object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
 
     def to_spec(self) -> TierSpec:
         """The kvplane spec that opens this tier."""
         options = dict(self.storage_options)
-        return TierSpec(self.name, self.url, self.capacity_bytes, self.policy, options, self.timeout_s)
+        return TierSpec(
+            self.name, self.url, self.capacity_bytes, self.policy, options, self.timeout_s, self.compression
+        )
 
 
 @dataclass(frozen=True, slots=True)

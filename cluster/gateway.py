@@ -80,7 +80,7 @@ class Gateway:
         self.router = Router(config.router)
         self.admission = Admission(config.admission)
         self.metrics = ServeMetrics()
-        self.kv_metrics = KVMetrics(self.metrics.registry)
+        self.kv_metrics = KVMetrics(self.metrics.registry, {tier.name: tier.compression for tier in config.tiers or ()})
         self.workers = workers
         self.cluster = cluster
         self.tokens_in_flight: dict[str, int] = defaultdict(int)

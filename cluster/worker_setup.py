@@ -9,7 +9,10 @@ import ray
 import torch
 from ray.actor import ActorHandle
 
+from cluster.compression_verdicts import record_missing_verdicts, verdict_book
 from cluster.config import ServeConfig
+from kvplane.compression.registry import NONE
+from kvplane.compression.verdicts import VerdictGate
 from kvplane.ray.health import tier_events
 from kvplane.ray.index_reporter import IndexReporter
 from kvplane.ray.index_watch import IndexWatch
@@ -58,6 +61,8 @@ def open_serving_tiered_store(
         listener=reporter,
         local_node_id=node_id,
         tenant_share=config.server.tenant_cache_share,
+        device_compression=NONE if device is None else device.compression,
+        gate=VerdictGate(verdict_book(config)),
     )
     IndexWatch(index, tiered, reporter, tiers=DEVICE_ONLY).start()  # refills the index should it restart empty
     return tiered, directory
@@ -74,6 +79,10 @@ def node_shard_config(config: ServeConfig) -> ShardConfig | None:
         ssd_capacity_bytes=0 if ssd is None else ssd.capacity_bytes,
         policy=(ram or ssd).policy,
         tenant_share=config.server.tenant_cache_share,
+        ram_compression=NONE if ram is None else ram.compression,
+        ssd_compression=NONE if ssd is None else ssd.compression,
+        verdicts_url=verdict_book(config).url,
+        verdicts_options=dict(shared.storage_options) if (shared := config.tier("object")) is not None else {},
     )
 
 
@@ -138,7 +147,10 @@ def serving_fuser(config: ServeConfig, runner: ModelRunner, tiered: TieredStore)
         fallback=FallbackOptions(min_coverage=guardrails.fallback_min_coverage),
     )
     chunk_store = KVPlaneChunkStore(tiered, runner.checkpoint.fingerprint)
-    return guarded_fuser(runner, options, chunk_store, template, config.engine.chunk_context, guardrails)
+    fuser = guarded_fuser(runner, options, chunk_store, template, config.engine.chunk_context, guardrails)
+    # Before the first request: the stores compress a model's chunk KV only once its verdict is recorded.
+    record_missing_verdicts(config, fuser, verdict_book(config))
+    return fuser
 
 
 class Heartbeat:

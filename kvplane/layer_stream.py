@@ -5,7 +5,15 @@ from dataclasses import dataclass
 import torch
 
 from kvplane.buffers import clone_bytes, copy_bytes, host_view, new_blob
-from kvplane.codec import HEADER_PROBE_BYTES, ChunkHeader, CodecError, decode_layer, header_span, parse_header
+from kvplane.codec import (
+    HEADER_PROBE_BYTES,
+    ChunkHeader,
+    CodecError,
+    check_layer,
+    decode_layers,
+    header_span,
+    parse_header,
+)
 from kvplane.level import Level
 
 
@@ -75,17 +83,17 @@ def stream_layers(
     source = header
     region = _whole_region(levels[index], key, header, source)
     for layer_index in range(header.num_layers):
-        layer = _read_layer(levels[index], key, header, source, layer_index, region)
-        while layer is None:
+        stored = _read_layer(levels[index], key, header, source, layer_index, region)
+        while stored is None:
             found = find_header(levels, key, index + 1, header)
             if found is None:
                 raise ChunkLost(f"{key}: layer {layer_index} is gone from every tier")
             index, source, _ = found
             region = _whole_region(levels[index], key, header, source)
-            layer = _read_layer(levels[index], key, header, source, layer_index, region)
-        if promoting:
-            copies.append(clone_bytes(layer.reshape(-1).view(torch.uint8)))
-        yield layer
+            stored = _read_layer(levels[index], key, header, source, layer_index, region)
+        if promoting:  # the stored bytes, taken before the caller may overwrite an uncompressed layer's view
+            copies.append(clone_bytes(stored))
+        yield decode_layers(header, stored[None])[0]
     if promoting:
         promote(_assemble(header, head, copies), index)
 
@@ -116,8 +124,8 @@ def _read_layer(
     index: int,
     region: tuple[int, torch.Tensor] | None = None,
 ) -> torch.Tensor | None:
-    """Layer `index` as laid out in `source` (from `region` when read whole), checked against `header`; None if
-    gone or damaged."""
+    """Stored bytes of layer `index` as laid out in `source` (from `region` when read whole), checked against
+    `header`; None if gone or damaged."""
     offset = source.layer_offsets[index]
     if region is None:
         data = level.fetch(key, offset, offset + header.layer_nbytes)
@@ -127,10 +135,11 @@ def _read_layer(
     if data is None:
         return None
     try:
-        return decode_layer(header, index, data)
+        check_layer(header, index, data)
     except CodecError as err:
         level.discard(key, err)
         return None
+    return data
 
 
 def _assemble(header: ChunkHeader, head: torch.Tensor, layers: list[torch.Tensor]) -> torch.Tensor:

@@ -5,7 +5,10 @@ from collections.abc import Callable
 
 import torch
 
-from kvplane.codec import CodecError
+from kvplane.codec import CodecError, read_header, recompress
+from kvplane.compression.base import CompressionError
+from kvplane.compression.registry import NONE, compression
+from kvplane.compression.verdicts import CompressionGate, OpenGate
 from kvplane.eviction.policy import EvictionPolicy
 from kvplane.stats import TierStats
 from kvplane.tiers.breaker import Breaker
@@ -24,10 +27,21 @@ class Level:
     # have a breaker: a tier that fails (an endpoint gone, a full disk) is skipped for a growing backoff
     # instead of costing every request a timeout. An entry the policy holds but the tier has lost (deleted
     # behind the store's back) is forgotten when a read finds it gone, so the next write puts it back.
+    # A level with a compression compresses what reaches it uncompressed; an entry already compressed
+    # is kept as it is wherever it goes (inflating it would take room and restore nothing).
 
-    def __init__(self, tier: Tier, policy: EvictionPolicy, listener: PlacementListener) -> None:
+    def __init__(
+        self,
+        tier: Tier,
+        policy: EvictionPolicy,
+        listener: PlacementListener,
+        compression_name: str = NONE,
+        gate: CompressionGate | None = None,
+    ) -> None:
         self.tier = tier
         self.policy = policy
+        self.compression = compression(compression_name).name
+        self._gate = gate or OpenGate()
         self.stats = TierStats()
         self.lock = threading.Lock()
         self._listener = listener
@@ -58,6 +72,10 @@ class Level:
         with self.lock:
             if self.policy.contains(key):
                 return True, []
+        blob = self._compressed(key, blob)
+        with self.lock:
+            if self.policy.contains(key):
+                return True, []
             victims = self.policy.admit(key, blob.numel(), priority)
             admitted = key not in victims
             self.stats.rejections += not admitted
@@ -77,6 +95,28 @@ class Level:
             self.stats.bytes_written += blob.numel()
         self._listener(key, self.name, blob.numel())
         return True, victims
+
+    def _compressed(self, key: str, blob: torch.Tensor) -> torch.Tensor:
+        """`blob` compressed as this level keeps entries (as it is when it is compressed already, or cannot be)."""
+        if self.compression == NONE:
+            return blob
+        header = read_header(blob)
+        if header.compression != NONE:
+            return blob
+        if not self._gate.allows(header.fingerprint, self.compression):
+            with self.lock:
+                self.stats.codec_refused += 1
+            return blob
+        try:
+            compressed = recompress(blob, self.compression)
+        except CompressionError as err:
+            _log.warning("kvplane: tier %s keeps %s uncompressed: %s", self.name, key, err)
+            with self.lock:
+                self.stats.uncompressible += 1
+            return blob
+        with self.lock:
+            self.stats.compressed += 1
+        return compressed
 
     def fetch(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
         """Bytes `[start, end)` of `key`, or None if absent, the backend failed or the tier is skipped."""

@@ -18,6 +18,9 @@ class TierStats:
     errors: int = 0
     skipped: int = 0  # calls not made while the tier was down after failures
     vanished: int = 0  # entries the policy held that the tier had lost (deleted behind the store's back)
+    compressed: int = 0  # entries this tier compressed on the way in
+    uncompressible: int = 0  # entries its compression could not represent, kept uncompressed
+    codec_refused: int = 0  # entries kept uncompressed because the model's verdict refuses (or lacks) the compression
 
     @property
     def hit_rate(self) -> float:

@@ -7,6 +7,8 @@ import torch
 
 from kvplane.buffers import clone_bytes
 from kvplane.codec import CodecError, decode, encode, read_header
+from kvplane.compression.registry import NONE, compression
+from kvplane.compression.verdicts import CompressionGate
 from kvplane.entry import KVEntry
 from kvplane.eviction.policy import EvictionPolicy, make_policy
 from kvplane.eviction.slot_share import SlotSharePolicy
@@ -49,10 +51,15 @@ class TieredStore:
         tenant_share: float = 1.0,
         max_pending_write_bytes: int = MAX_PENDING_BYTES,
         capped_tiers: Collection[str] = (),
+        compressions: Sequence[str] | None = None,
+        gate: CompressionGate | None = None,
     ) -> None:
         names = [policies] * len(tiers) if isinstance(policies, str) else list(policies)
         if not tiers or len(names) != len(tiers):
             raise ValueError("need at least one tier, and one policy per tier")
+        compressions = [NONE] * len(tiers) if compressions is None else list(compressions)
+        if len(compressions) != len(tiers):
+            raise ValueError("need one compression per tier")
         if len({tier.name for tier in tiers}) != len(tiers):
             raise ValueError("tier names must be unique")
         unknown = set(capped_tiers) - {tier.name for tier in tiers}
@@ -60,8 +67,8 @@ class TieredStore:
             raise ValueError(f"capped_tiers names no tier of this store: {sorted(unknown)}")
         report = listener or _ignore_placement
         self._levels = [
-            Level(tier, _policy(name, tier.capacity_bytes, tenant_share, tier.name in capped_tiers), report)
-            for name, tier in zip(names, tiers)
+            Level(tier, _policy(name, tier.capacity_bytes, tenant_share, tier.name in capped_tiers), report, how, gate)
+            for name, tier, how in zip(names, tiers, compressions)
         ]
         self._write_back_errors = 0
         self._errors_lock = threading.Lock()
@@ -78,6 +85,7 @@ class TieredStore:
         listener: PlacementListener | None = None,
         tenant_share: float = 1.0,
         capped_tiers: Collection[str] = (),
+        gate: CompressionGate | None = None,
     ) -> "TieredStore":
         """A store over the tiers the specs describe, each with its spec's policy."""
         tiers = [open_tier(spec) for spec in specs]
@@ -89,12 +97,25 @@ class TieredStore:
             listener=listener,
             tenant_share=tenant_share,
             capped_tiers=capped_tiers,
+            compressions=[spec.compression for spec in specs],
+            gate=gate,
         )
 
     @property
     def tier_names(self) -> list[str]:
         """Tier names, fastest first."""
         return [level.name for level in self._levels]
+
+    def compressions(self) -> dict[str, str]:
+        """Each tier's compression of the entries written to it uncompressed."""
+        return {level.name: level.compression for level in self._levels}
+
+    def set_compression(self, tier: str, compression_name: str) -> None:
+        """Compress what `tier` is written from now on with `compression_name` (entries held stay as they are)."""
+        level = next((level for level in self._levels if level.name == tier), None)
+        if level is None:
+            raise ValueError(f"no tier {tier!r} in this store; tiers: {self.tier_names}")
+        level.compression = compression(compression_name).name
 
     def put(self, entry: KVEntry, priority: float = 1.0) -> None:
         """Store a chunk; `priority` (>= 0, default 1) scales how hard frequency-aware tiers keep it."""

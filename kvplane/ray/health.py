@@ -7,7 +7,10 @@ from kvplane.ray.namespace import named_actors
 from kvplane.ray.shard import SHARD_NAME_PREFIX
 from kvplane.stats import StoreStats
 
-TIER_EVENTS = ("corruptions", "errors", "skipped", "vanished", "rejections", "evictions")
+TIER_EVENTS = (
+    "corruptions", "errors", "skipped", "vanished", "rejections", "evictions", "compressed", "uncompressible",
+    "codec_refused",
+)
 HEALTH_TIMEOUT_S = 1.0  # per scrape: a hung shard or index delays /metrics by this, not forever
 
 

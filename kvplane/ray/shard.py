@@ -4,8 +4,9 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
@@ -13,6 +14,8 @@ from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from kvplane.buffers import owned_blob
+from kvplane.compression.registry import NONE, compression
+from kvplane.compression.verdicts import VerdictBook, VerdictGate
 from kvplane.eviction.slot_share import slot_share_bytes
 from kvplane.node_identity import NodeSlot, claim_slot, live_slots
 from kvplane.ray.index_reporter import IndexReporter
@@ -41,10 +44,16 @@ class ShardConfig:
     policy: str = "tinylfu"
     write_back_threads: int = 1
     tenant_share: float = 1.0  # of each tier, for one tenant while others hold entries there
+    ram_compression: str = NONE
+    ssd_compression: str = NONE
+    verdicts_url: str | None = None  # where the models' compression verdicts are recorded (None: no gate)
+    verdicts_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.ram_capacity_bytes < 0 or self.ssd_capacity_bytes < 0:
             raise ValueError("capacities must be >= 0")
+        for name in (self.ram_compression, self.ssd_compression):
+            compression(name)  # a ValueError naming the known ones
         if self.ssd_url is not None and "://" not in self.ssd_url:
             raise ValueError(f"ssd_url needs a scheme such as file://, got {self.ssd_url!r}")
         if not 0.0 < self.tenant_share <= 1.0:
@@ -52,10 +61,11 @@ class ShardConfig:
 
     def tier_specs(self, identity: str) -> list[TierSpec]:
         """The shard's tiers on the node known as `identity`, fastest first."""
-        specs = [TierSpec("ram", "ram://", self.ram_capacity_bytes, self.policy)]
+        specs = [TierSpec("ram", "ram://", self.ram_capacity_bytes, self.policy, compression=self.ram_compression)]
         if self.ssd_url is not None:
             url = f"{self.ssd_url.rstrip('/')}/{identity}"
-            specs.append(TierSpec(SSD_TIER, url, self.ssd_capacity_bytes, self.policy))
+            ssd = TierSpec(SSD_TIER, url, self.ssd_capacity_bytes, self.policy, compression=self.ssd_compression)
+            specs.append(ssd)
         return specs
 
     @property
@@ -93,6 +103,8 @@ class ShardServer:
             listener=self._reporter,
             tenant_share=config.tenant_share,
             capped_tiers=capped,
+            gate=None if config.verdicts_url is None else VerdictGate(VerdictBook(config.verdicts_url,
+                                                                                  config.verdicts_options)),
         )
         self._ssd_budget_bytes = config.ssd_capacity_bytes
         self._ssd_share_bytes = config.ssd_capacity_bytes

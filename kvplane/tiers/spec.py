@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from kvplane.compression.registry import COMPRESSIONS, NONE
 from kvplane.eviction.policy import POLICIES
 from kvplane.tiers.fs import DEFAULT_TIMEOUT_S, FsspecTier, LocalFileTier
 from kvplane.tiers.memory import MemoryTier
@@ -21,6 +22,7 @@ class TierSpec:
     policy: str = "tinylfu"
     storage_options: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = DEFAULT_TIMEOUT_S  # per call to a remote backend (connect, each read)
+    compression: str = NONE  # how entries written uncompressed are stored here (kvplane.compression)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -33,6 +35,8 @@ class TierSpec:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {sorted(POLICIES)}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {self.compression!r}; choose from {sorted(COMPRESSIONS)}")
 
     @property
     def scheme(self) -> str:

@@ -1,8 +1,9 @@
 """The engines an evaluation can run on, loaded with the fusion options it compares."""
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from workers.chunks.compressed_view import CompressedView
 from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT
 from workers.engines.torch_engine import TorchEngine
 from workers.evaluation.evaluate import EngineAccess, direct_access, engine_thread_access
@@ -26,11 +27,13 @@ def load_eval_engine(
     chunk_context: str = DEFAULT_CHUNK_CONTEXT,
     modes: Mapping[str, FusionMode] | None = None,
     chunks_after: str = "default_prefix",
+    kv_compressions: Sequence[str] = (),
 ) -> EngineAccess:
     """The torch engine, or the vLLM engine (vLLM prefills the question and decodes), with `options`' modes.
 
     `modes`: the strategies requests may name (the registry's, built from `options`, by default); `chunks_after`:
-    what a chat's chunk KV is computed after (PromptTemplate).
+    what a chat's chunk KV is computed after (PromptTemplate); `kv_compressions`: under which compressions runs
+    may read chunk KV (EvalRun.kv_compression).
     """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {kind!r}")
@@ -38,7 +41,9 @@ def load_eval_engine(
 
     def make_fuser(runner: ModelRunner) -> Fuser:
         template = PromptTemplate(runner.checkpoint.tokenizer, chunks_after=chunks_after)
-        return Fuser(runner, options, template=template, chunk_context=chunk_context, modes=modes)
+        # Chunk KV in a CompressedView: runs may read it as a compressed tier would serve it.
+        store = CompressedView(kv_compressions)
+        return Fuser(runner, options, store=store, template=template, chunk_context=chunk_context, modes=modes)
 
     if kind == "torch":
         checkpoint = load_checkpoint(path, torch_dtype(resolve_dtype(dtype, path, on_gpu=False)))

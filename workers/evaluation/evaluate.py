@@ -3,20 +3,23 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from kvplane.compression.registry import NONE
+from workers.chunks.compressed_view import CompressedView
 from workers.engines.base import BlendRequest, BlendResult, Engine
 from workers.evaluation.bootstrap import bootstrap_interval
 from workers.evaluation.dataset import QARecord
-from workers.evaluation.divergence import TeacherForced, teacher_forced_divergence
 from workers.evaluation.scoring import best_f1, contains_answer, normalize_answer, token_f1
-from workers.evaluation.teacher_forced import answer_logprobs
+from workers.generation.divergence import TeacherForced, teacher_forced_divergence
 from workers.generation.prompt import PromptLayout
 from workers.generation.sampling import SamplingParams
+from workers.generation.teacher_forced import answer_logprobs
 
 REFERENCE_MODE = "full_prefill"
 NAMESPACE = "eval"
@@ -28,11 +31,12 @@ QUALITY_METRICS = ("f1", "accuracy", "agreement_f1", "exact_match", "first_token
 
 @dataclass(frozen=True, slots=True)
 class EvalRun:
-    """One column of the comparison: a mode at a ratio, reported under `label`."""
+    """One column of the comparison: a mode at a ratio, reading chunk KV under a compression, reported as `label`."""
 
     label: str
     mode: str
     ratio: float
+    kv_compression: str = NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,7 @@ class RecordScore:
     recomputed_fraction: float
     context_tokens: int
     accuracy: float | None = None  # 1.0 when a gold answer appears in the answer (None: rows written before it)
+    kv_compression: str = NONE  # how the run's chunk KV was stored
 
 
 def evaluate(
@@ -117,11 +122,14 @@ def evaluate(
         )
         rows = []
         for run in runs:
-            result = reference if run.mode == REFERENCE_MODE else _answer(engine, record, run.mode, run.ratio, sampling)
-            divergence = None
-            if reference_logprobs is not None and run.mode != REFERENCE_MODE:
-                logprobs = _logprobs(access, prompt, run.mode, run.ratio, reference.token_ids)
-                divergence = teacher_forced_divergence(reference_logprobs, logprobs, torch.tensor(reference.token_ids))
+            with _reading(engine, run.kv_compression):
+                result = reference if run.mode == REFERENCE_MODE else _answer(engine, record, run.mode, run.ratio,
+                                                                              sampling)
+                divergence = None
+                if reference_logprobs is not None and run.mode != REFERENCE_MODE:
+                    logprobs = _logprobs(access, prompt, run.mode, run.ratio, reference.token_ids)
+                    targets = torch.tensor(reference.token_ids)
+                    divergence = teacher_forced_divergence(reference_logprobs, logprobs, targets)
             rows.append(_score(record, run, result, reference, divergence))
         scores += rows
         if on_record is not None:
@@ -167,6 +175,16 @@ def read_rows(path: Path) -> list[RecordScore]:
     return [RecordScore(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _reading(engine: Engine, kv_compression: str) -> AbstractContextManager[None]:
+    """Chunk KV read under `kv_compression` inside the block (the store must be a CompressedView unless none)."""
+    store = engine.fuser.store
+    if isinstance(store, CompressedView):
+        return store.serving(kv_compression)
+    if kv_compression != NONE:
+        raise ValueError(f"kv_compression {kv_compression!r} needs the evaluation engines' CompressedView store")
+    return nullcontext()
+
+
 def _answer(engine: Engine, record: QARecord, mode: str, ratio: float, sampling: SamplingParams) -> BlendResult:
     return engine.generate(
         BlendRequest(record.documents, record.question, mode, ratio, sampling, NAMESPACE,
@@ -200,4 +218,5 @@ def _score(
         recomputed_fraction=result.stats.recomputed_fraction,
         context_tokens=result.stats.context_tokens,
         accuracy=contains_answer(result.text, record.answers),
+        kv_compression=run.kv_compression,
     )

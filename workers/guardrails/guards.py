@@ -21,6 +21,8 @@ class GuardrailsConfig:
     fallback_min_coverage: float = 0.5  # cacheblend: share of check-layer deviation the kept tokens must hold
     shadow_fraction: float = 0.0  # blended requests also run in full prefill off the hot path, compared
     controller: bool = False  # calibrate the loading controller at start and let it pick ratio and tiers
+    # Teacher-forced KL a tier's compression may add to fused prompts (None: 0.005 for int8, 0.02 for int4)
+    compression_max_kl_increase: float | None = None
 
     def __post_init__(self) -> None:
         check(self.canary_max_deviation > 0, "canary_max_deviation", "a number > 0", self.canary_max_deviation)
@@ -28,6 +30,8 @@ class GuardrailsConfig:
             0.0 <= self.fallback_min_coverage <= 1.0, "fallback_min_coverage", "in [0, 1]", self.fallback_min_coverage
         )
         check(0.0 <= self.shadow_fraction <= 1.0, "shadow_fraction", "in [0, 1]", self.shadow_fraction)
+        bound = self.compression_max_kl_increase
+        check(bound is None or bound >= 0, "compression_max_kl_increase", "a number >= 0 or null", bound)
 
 
 def guarded_fuser(

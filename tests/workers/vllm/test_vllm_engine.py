@@ -251,8 +251,8 @@ def test_unknown_mode_and_too_long_prompts_are_refused(vllm_engine, records) -> 
 def test_blended_agreement_on_musique(vllm_engine) -> None:
     # The fidelity target: agreement F1 >= 0.90 with full prefill at <= 20% recompute (query-driven selection),
     # and a teacher-forced KL (along the full-prefill answer) at most a third of full reuse's. Float32 here.
-    from workers.evaluation.divergence import teacher_forced_divergence
-    from workers.evaluation.teacher_forced import answer_logprobs
+    from workers.generation.divergence import teacher_forced_divergence
+    from workers.generation.teacher_forced import answer_logprobs
 
     scores, kl = [], {"full_reuse": 0.0, TARGET_MODE: 0.0}
     for docs, question in _records(MUSIQUE_FILE, 8, 10):

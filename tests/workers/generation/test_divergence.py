@@ -4,8 +4,7 @@ import math
 import pytest
 import torch
 
-from workers.evaluation.divergence import teacher_forced_divergence
-from workers.generation.divergence import first_token_kl
+from workers.generation.divergence import first_token_kl, teacher_forced_divergence
 
 
 def test_identical_distributions_do_not_diverge() -> None:
