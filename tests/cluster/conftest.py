@@ -63,12 +63,41 @@ class Served:
     config: dict[str, Any]
 
 
+def compressed_tiers(data_dir: Path) -> list[dict[str, Any]]:
+    """The default tiers, the node's RAM configured as int4 and its SSD as int8."""
+    return [
+        {"name": "device", "url": "device://", "capacity_bytes": 512 << 20},
+        {"name": "ram", "url": "ram://", "capacity_bytes": 1 << 30, "compression": "int4"},
+        {"name": "ssd", "url": f"file://{data_dir / 'kv'}", "capacity_bytes": 16 << 30, "compression": "int8"},
+    ]
+
+
+def record_verdicts(data_dir: Path, passed: dict[str, bool]) -> None:
+    """Compression verdicts of the default model as a worker records them, so no worker measures at start."""
+    from kvplane.compression.verdicts import VERDICT_FOLDER, VerdictBook
+    from workers.model.default import prepare_default_model
+    from workers.model.dtype import resolve_dtype
+    from workers.model.fingerprint import model_fingerprint
+
+    path = prepare_default_model()
+    fingerprint = model_fingerprint(path, resolve_dtype("auto", path, on_gpu=False))
+    book = VerdictBook(f"file://{data_dir / VERDICT_FOLDER}")
+    for name, verdict in passed.items():
+        book.put(fingerprint, name, {"passed": verdict, "recorded_by": "tests/cluster/conftest.py"})
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """The running app; Ray, Serve and every actor are stopped afterwards. This process is Ray's driver."""
+    """The running app; Ray, Serve and every actor are stopped afterwards. This process is Ray's driver.
+
+    The node's tiers are compressed (RAM int4, SSD int8) under verdicts recorded beforehand: int8 passed, int4
+    refused; the gate's measurement itself is tested on the model in tests/workers/guardrails.
+    """
     root = tmp_path_factory.mktemp("serve")
-    with running_app(root, SERVE_CONFIG) as base_url:
-        yield Served(base_url, {**SERVE_CONFIG, "data_dir": str(root / "data")})
+    record_verdicts(root / "data", {"int8": True, "int4": False})
+    config = {**SERVE_CONFIG, "tiers": compressed_tiers(root / "data")}
+    with running_app(root, config) as base_url:
+        yield Served(base_url, {**config, "data_dir": str(root / "data")})
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,16 @@
 """The served app end to end: openai client, cache reuse, affinity, streaming, documents API, metrics."""
 import json
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvplane.buffers import owned_blob
+from kvplane.codec import read_header
+from kvplane.keys import is_chunk_key
 
 MODEL = "SmolLM2-135M-Instruct"
 DOCS = [
@@ -235,3 +240,20 @@ def test_models_health_and_metrics(server):
 
 # The chart's dashboard is checked here, against this module's live app after the traffic above (no second server).
 from tests.cluster.dashboard_metrics import test_every_dashboard_query_names_an_exported_metric  # noqa: E402,F401
+
+
+def test_the_node_tiers_compress_as_their_verdicts_allow(served, client):
+    chat(client, DOCS[::-1], question="Which river reaches the Black Sea?", tenant="compression")
+    ssd = Path(served.config["data_dir"]) / "kv"
+
+    def entries() -> list[Path]:
+        return [path for path in ssd.rglob("*") if path.is_file() and is_chunk_key(path.name)]
+
+    deadline_s = time.monotonic() + 30
+    while not entries() and time.monotonic() < deadline_s:  # the write-back runs in the background
+        time.sleep(0.5)
+    headers = {read_header(owned_blob(path.read_bytes())).compression for path in entries()}
+    assert headers == {"int8"}  # passed: every chunk on the SSD is int8
+    # int4 was refused for the RAM tier: its chunks stay uncompressed, counted, and the metric names it.
+    assert metric(served.base_url, "blendserve_kv_codec_refused", codec="int4", tier="ram") >= 1
+    assert metric(served.base_url, "blendserve_kv_codec_refused", codec="int8", tier="ssd") == 0

@@ -197,6 +197,15 @@ def test_tiers_are_sized_from_the_pods():
     assert tiers["object"]["url"] == "s3://kvcache/prod"
     assert set(tiers) == {"device", "ram", "ssd", "object"}
     assert {t["name"] for t in app_args(manifests(EVERYTHING_OFF))["tiers"]} == {"device", "ram"}
+    assert {t["compression"] for t in tiers.values()} == {"none"}
+
+
+def test_each_tier_takes_its_compression_and_blendserve_accepts_it():
+    values = {"kvCache": {"ram": {"compression": "int4"}, "ssd": {"compression": "int8"}}}
+    args = app_args(manifests(values))
+    assert {t["name"]: t["compression"] for t in args["tiers"]} == {"device": "none", "ram": "int4", "ssd": "int8"}
+    config = config_from_dict({**args, "data_dir": "/tmp/bs-chart"})
+    assert config.tier("ssd").to_spec().compression == "int8"
 
 
 @pytest.mark.parametrize(

@@ -68,15 +68,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 {{- $ramBytes := mulf $smallest $cache.ram.memoryFraction | floor | int64 -}}
-{{- $tiers := list (dict "name" "device" "url" "device://" "capacity_bytes" (include "blendserve.bytes" $cache.device.capacity | int64)) -}}
-{{- $tiers = append $tiers (dict "name" "ram" "url" "ram://" "capacity_bytes" $ramBytes) -}}
+{{- $tiers := list (dict "name" "device" "url" "device://" "capacity_bytes" (include "blendserve.bytes" $cache.device.capacity | int64) "compression" ($cache.device.compression | default "none")) -}}
+{{- $tiers = append $tiers (dict "name" "ram" "url" "ram://" "capacity_bytes" $ramBytes "compression" ($cache.ram.compression | default "none")) -}}
 {{- if $cache.ssd.enabled -}}
 {{- /* 90% of the volume: it also holds vLLM's scratch files, and a full emptyDir gets the pod evicted. */ -}}
 {{- $ssdBytes := mulf (include "blendserve.bytes" $cache.ssd.capacity | int64) 0.9 | floor | int64 -}}
-{{- $tiers = append $tiers (dict "name" "ssd" "url" (printf "file://%s/kv" (include "blendserve.dataDir" .)) "capacity_bytes" $ssdBytes) -}}
+{{- $tiers = append $tiers (dict "name" "ssd" "url" (printf "file://%s/kv" (include "blendserve.dataDir" .)) "capacity_bytes" $ssdBytes "compression" ($cache.ssd.compression | default "none")) -}}
 {{- end -}}
 {{- if $cache.object.enabled -}}
-{{- $object := dict "name" "object" "url" $cache.object.url "capacity_bytes" (include "blendserve.bytes" $cache.object.capacity | int64) -}}
+{{- $object := dict "name" "object" "url" $cache.object.url "capacity_bytes" (include "blendserve.bytes" $cache.object.capacity | int64) "compression" ($cache.object.compression | default "none") -}}
 {{- if $cache.object.endpointUrl -}}
 {{- $_ := set $object "storage_options" (dict "client_kwargs" (dict "endpoint_url" $cache.object.endpointUrl)) -}}
 {{- end -}}
