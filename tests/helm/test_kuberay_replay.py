@@ -104,6 +104,7 @@ def pod_root() -> Iterator[Path]:
     os.system(f"rm -rf {root}")
 
 
+@pytest.mark.slow  # make test's budget (~2 min on AVX2); test_upgrades runs the rendered app on a real Ray
 def test_the_chart_serves_when_kuberay_starts_it(pod_root: Path):
     values = yaml.safe_load(VALUES.read_text())
     image = Image(Path(sys.executable).parent, Path(sys.base_prefix))

@@ -101,6 +101,7 @@ def test_a_shard_whose_process_dies_comes_back_with_its_ssd_entries(entries: lis
     assert set(readable(mine)) == {"ssd"}  # its RAM died with it; its SSD folder is found again
 
 
+@pytest.mark.slow  # make test's budget; the two restarts by Ray stay in the default run
 def test_a_shard_killed_for_good_is_started_again_by_its_nodes_directory(
     entries: list[KVEntry], config: ShardConfig, index: ActorHandle
 ) -> None:

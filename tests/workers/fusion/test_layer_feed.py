@@ -34,8 +34,9 @@ class SlowTier(MemoryTier):
         return super().read(key, start, end)
 
 
-# epic and cachecraft run the same layer loop as cacheblend; they are in the slow run (make test's budget).
-MODES = [("cacheblend", 0.15), ("full_reuse", 0.0), pytest.param("epic", 0.15, marks=pytest.mark.slow),
+# full_reuse, epic and cachecraft run the same layer loop as cacheblend; they are in the slow run (make test's budget).
+MODES = [("cacheblend", 0.15), pytest.param("full_reuse", 0.0, marks=pytest.mark.slow),
+         pytest.param("epic", 0.15, marks=pytest.mark.slow),
          pytest.param("cachecraft", 0.15, marks=pytest.mark.slow),
          pytest.param("query_driven", 0.15, marks=pytest.mark.slow)]  # cacheblend covers the scored path by default
 
@@ -128,6 +129,7 @@ def test_with_a_slow_tier_ttft_is_near_max_of_load_and_compute(checkpoint: Check
     assert pipelined_s < 1.3 * max(load_s, compute_s), (pipelined_s, load_s, compute_s)
 
 
+@pytest.mark.slow  # make test's budget; the pipelined equality above runs in the default run
 def test_fusing_into_a_reused_dirty_cache_equals_a_fresh_one(checkpoint: Checkpoint, qa_records: list[dict]) -> None:
     # The vLLM engine hands fusion the previous request's buffer (workers/vllm/kv_buffer.py): whatever it held
     # must not leak into the new request's KV.

@@ -46,6 +46,7 @@ def test_per_layer_normalisation_counts_every_layer_alike() -> None:
     assert per_layer_normalised(error).tolist() == [3.0, 3.0, 0.0]  # normalised: each layer's top counts alike
 
 
+@pytest.mark.slow  # make test's budget; the oracle's selection tests stay in the default run
 def test_oracle_variants_at_full_ratio_are_full_prefill(checkpoint: Checkpoint, runner: ModelRunner) -> None:
     encode = lambda text: list(checkpoint.tokenizer(text, add_special_tokens=False).input_ids)  # noqa: E731
     chunks = [encode("Ada Lovelace wrote the first program. "), encode("Charles Babbage designed the engine. ")]

@@ -119,6 +119,7 @@ def test_scout_attention_is_grouped_causal_attention_over_context_and_question(
     assert 0.0 < float(received.sum()) / num_summed < 1.0  # each row's weights sum to 1 over [context | own]
 
 
+@pytest.mark.slow  # make test's budget: three fusions of a long record
 def test_the_scout_over_the_cached_context_is_full_reuse_and_ratio_one_is_full_prefill(
     checkpoint: Checkpoint, qa_records: list[dict]
 ) -> None:

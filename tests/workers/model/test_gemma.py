@@ -79,6 +79,7 @@ def test_runner_matches_transformers_across_the_sliding_window(gemma: Checkpoint
         past, next_id = step_out.past_key_values, step_out.logits[0, -1].argmax().reshape(1)
 
 
+@pytest.mark.slow  # make test's budget; the runner-against-transformers test keeps Gemma 3 in the default run
 def test_cacheblend_at_full_ratio_equals_full_prefill(gemma: Checkpoint, qa_records: list[dict]) -> None:
     engine = TorchEngine.from_checkpoint(gemma)
     record = qa_records[0]
@@ -89,7 +90,7 @@ def test_cacheblend_at_full_ratio_equals_full_prefill(gemma: Checkpoint, qa_reco
     assert_same_answer(blended, reference)
 
 
-@pytest.mark.parametrize("mode,ratio", [("full_reuse", 0.0), ("cacheblend", 0.15)])
+@pytest.mark.parametrize("mode,ratio", [("full_reuse", 0.0), pytest.param("cacheblend", 0.15, marks=pytest.mark.slow)])
 def test_single_chunk_at_position_zero_needs_no_fix(
     gemma: Checkpoint, qa_records: list[dict], mode: str, ratio: float
 ) -> None:
