@@ -10,10 +10,12 @@ import pyarrow as pa
 import ray
 import torch
 
+from cluster.compression_verdicts import verdict_book
 from cluster.config import ServeConfig, config_from_dict
 from cluster.ingest.chunking import ChunkRule, piece_id, split_text
 from cluster.ingest.table import DocumentRecord, DocumentTable, DuplicateIdError, TableLocation
 from cluster.worker_setup import open_node_shards
+from kvplane.compression.verdicts import VerdictGate
 from kvplane.ray.location_index import launch_location_index
 from kvplane.ray.worker_store import open_worker_tiered_store
 from kvplane.store import TieredStore
@@ -41,6 +43,7 @@ def open_ingest_store(config: ServeConfig) -> TieredStore:
         object_store=None if shared is None else shared.to_spec(),
         local_node_id=ray.get_runtime_context().get_node_id(),
         tenant_share=config.server.tenant_cache_share,
+        gate=VerdictGate(verdict_book(config)),
     )
 
 
