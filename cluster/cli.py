@@ -1,6 +1,7 @@
 """The `blendserve` command line."""
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -167,6 +168,8 @@ def eval_command(
                                       "before it: question, first gold answer)."),
     chunks_after: str = typer.Option("default_prefix", help="A chat's chunk KV is computed after the default "
                                      "prefix or the request's own (request_prefix)."),
+    resume: bool = typer.Option(False, help="Keep the rows already in --records-out and score only the records "
+                                "missing there (an interrupted run goes on)."),
     kv_compressions: str = typer.Option("none", help="Comma-separated compressions of chunk KV (none, int8, int4): "
                                         "each mode also runs reading chunk KV as a tier so compressed serves it "
                                         "(labels MODE+COMPRESSION)."),
@@ -176,7 +179,15 @@ def eval_command(
     from kvplane.compression.registry import compression
     from workers.evaluation.dataset import in_conversation, load_records
     from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
-    from workers.evaluation.evaluate import REFERENCE_MODE, EvalRun, evaluate, score_row, summarise
+    from workers.evaluation.evaluate import (
+        REFERENCE_MODE,
+        EvalRun,
+        evaluate,
+        pending_records,
+        read_rows,
+        score_row,
+        summarise,
+    )
     from workers.evaluation.report import eval_document, format_table
     from workers.fusion.base import FusionOptions
     from workers.generation.conversation import CHUNK_CONTEXTS_WITH_SYSTEM
@@ -212,20 +223,31 @@ def eval_command(
     records = load_records(data, limit, offset)
     if system_prompt is not None or earlier_turns:
         records = in_conversation(records, system_prompt, earlier_turns)
-    rows_file = records_out.open("w") if records_out is not None else None
+    if resume and records_out is None:
+        raise typer.BadParameter("--resume needs --records-out: the rows to go on from", param_hint="--resume")
+    labels = [run.label for run in runs]
+    wanted = {record.id for record in records}
+    done = [row for row in read_rows(records_out) if row.label in labels and row.record in wanted] if resume else []
+    pending = pending_records(records, done, labels)
+    if done:
+        log.info("resuming: %d of %d records already scored in %s", len(records) - len(pending), len(records),
+                 records_out)
+    rows_file = records_out.open("a" if resume else "w") if records_out is not None else None
 
     def on_record(index: int, rows: list) -> None:
         if rows_file is not None:
             rows_file.writelines(json.dumps(score_row(row)) + "\n" for row in rows)
             rows_file.flush()
-        log.info("record %d/%d done", index + 1, len(records))
+        log.info("record %d/%d done", index + 1, len(pending))
 
     try:
-        scores, store_s = evaluate(access, records, runs, max_new_tokens, teacher_forced, on_record)
+        scores, store_s = evaluate(access, pending, runs, max_new_tokens, teacher_forced, on_record)
     finally:
         if rows_file is not None:
             rows_file.close()
         access.engine.close()
+    finished = {record for record, count in Counter(row.record for row in done).items() if count >= len(labels)}
+    scores = [row for row in done if row.record in finished] + scores
     summaries = summarise(scores, runs)
     name = access.engine.fuser.runner.checkpoint.path.name
     document = eval_document(name, engine, data, len(records), summaries, access.engine.dtype)

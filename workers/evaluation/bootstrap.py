@@ -31,3 +31,26 @@ def paired_difference_interval(
     if len(first) != len(second):
         raise ValueError(f"paired values need equal lengths, got {len(first)} and {len(second)}")
     return bootstrap_interval([a - b for a, b in zip(first, second)], confidence, resamples)
+
+
+def paired_ratio_interval(
+    first: Sequence[float], second: Sequence[float], confidence: float = 0.95, resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Bootstrap interval of mean(first) / mean(second) over the same records (resampled together).
+
+    Resamples whose `second` mean is 0 have no ratio and are left out; NaNs when every one is.
+    """
+    if len(first) != len(second) or not first:
+        raise ValueError(f"paired values need equal, non-zero lengths, got {len(first)} and {len(second)}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    a, b = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
+    rows = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))  # [resamples, records]
+    numerators, denominators = a[rows].mean(axis=1), b[rows].mean(axis=1)
+    ratios = numerators[denominators > 0] / denominators[denominators > 0]
+    if ratios.size == 0:
+        return float("nan"), float("nan")
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(ratios, [tail, 1.0 - tail])
+    return float(low), float(high)

@@ -13,7 +13,7 @@ import torch
 from kvplane.compression.registry import NONE
 from workers.chunks.compressed_view import CompressedView
 from workers.engines.base import BlendRequest, BlendResult, Engine
-from workers.evaluation.bootstrap import bootstrap_interval
+from workers.evaluation.bootstrap import bootstrap_interval, paired_ratio_interval
 from workers.evaluation.dataset import QARecord
 from workers.evaluation.scoring import best_f1, contains_answer, normalize_answer, token_f1
 from workers.generation.divergence import TeacherForced, teacher_forced_divergence
@@ -152,6 +152,7 @@ def summarise(scores: list[RecordScore], runs: list[EvalRun] | None = None) -> d
                 continue
             entry[metric] = statistics.fmean(values)
             entry[f"{metric}_ci95"] = list(bootstrap_interval(values))
+        entry.update(_relative_accuracy(rows, [s for s in scores if s.mode == REFERENCE_MODE]))
         ttft = [s.ttft_s for s in rows]
         entry.update(
             ttft_s_median=statistics.median(ttft),
@@ -161,6 +162,25 @@ def summarise(scores: list[RecordScore], runs: list[EvalRun] | None = None) -> d
         )
         summary[label] = entry
     return summary
+
+
+def _relative_accuracy(rows: list[RecordScore], reference: list[RecordScore]) -> dict[str, Any]:
+    """Accuracy over full prefill's on the same records, with its paired bootstrap interval (none if unmeasured)."""
+    by_record = {s.record: s.accuracy for s in reference if s.accuracy is not None}
+    pairs = [(s.accuracy, by_record[s.record]) for s in rows if s.accuracy is not None and s.record in by_record]
+    if not pairs or sum(b for _, b in pairs) == 0:
+        return {}
+    mine, theirs = [a for a, _ in pairs], [b for _, b in pairs]
+    return {"relative_accuracy": sum(mine) / sum(theirs),
+            "relative_accuracy_ci95": list(paired_ratio_interval(mine, theirs))}
+
+
+def pending_records(records: list[QARecord], done: list[RecordScore], labels: list[str]) -> list[QARecord]:
+    """The records not yet scored under every label (rows of an interrupted run: it resumes with these)."""
+    scored: dict[str, set[str]] = {}
+    for row in done:
+        scored.setdefault(row.record, set()).add(row.label)
+    return [record for record in records if not set(labels) <= scored.get(record.id, set())]
 
 
 def score_row(score: RecordScore) -> dict[str, Any]:

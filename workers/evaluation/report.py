@@ -6,7 +6,8 @@ import torch
 
 from workers.model.dtype import measured_on
 
-COLUMNS = ("agreement_f1", "exact_match", "first_token_agreement", "first_token_kl", "tf_kl", "tf_nll_gap", "f1")
+COLUMNS = ("agreement_f1", "exact_match", "first_token_agreement", "first_token_kl", "tf_kl", "tf_nll_gap", "f1",
+           "accuracy", "relative_accuracy")
 PLAIN_COLUMNS = ("ttft_s_median", "recomputed_fraction")
 
 

@@ -1,7 +1,9 @@
 """Bootstrap intervals of a mean over records."""
+import math
+
 import pytest
 
-from workers.evaluation.bootstrap import bootstrap_interval, paired_difference_interval
+from workers.evaluation.bootstrap import bootstrap_interval, paired_difference_interval, paired_ratio_interval
 
 
 def test_the_interval_holds_the_mean_and_narrows_with_more_records() -> None:
@@ -30,3 +32,14 @@ def test_paired_differences_cancel_what_the_records_share() -> None:
     assert high - low > 0.2  # unpaired, the records' spread would hide the difference
     with pytest.raises(ValueError):
         paired_difference_interval(first, second[:-1])
+
+
+def test_the_ratio_interval_holds_the_ratio_of_means_and_skips_empty_denominators() -> None:
+    first = [1.0, 0.0, 1.0, 1.0] * 25
+    second = [1.0, 1.0, 1.0, 1.0] * 25
+    low, high = paired_ratio_interval(first, second)
+    assert low <= 0.75 <= high and high <= 1.0
+    assert paired_ratio_interval([1.0, 1.0], [1.0, 1.0]) == (1.0, 1.0)
+    assert all(math.isnan(bound) for bound in paired_ratio_interval([1.0], [0.0]))
+    with pytest.raises(ValueError, match="equal"):
+        paired_ratio_interval([1.0], [1.0, 0.0])
