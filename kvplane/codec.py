@@ -6,7 +6,6 @@
 # and the compression of the layers (kvplane.compression; version 1 blobs predate it and hold raw
 # layers), so one layer can be fetched with a byte-range read and checked on its own. Checksums cover
 # the stored (compressed) bytes.
-import math
 import struct
 from dataclasses import dataclass
 
@@ -89,11 +88,6 @@ class ChunkHeader:
         return self.codec.layer_nbytes(self.layer_shape, self.torch_dtype)
 
     @property
-    def kv_nbytes(self) -> int:
-        """Bytes of the chunk's KV once decoded (what it takes uncompressed in its dtype)."""
-        return math.prod(self.shape) * self.torch_dtype.itemsize
-
-    @property
     def data_offset(self) -> int:
         """Byte offset of layer 0 (it also bounds the header region)."""
         return self.layer_offsets[0]
@@ -134,8 +128,7 @@ def encode(entry: KVEntry, priority: float = 1.0, compression_name: str = NONE) 
 
 def recompress(blob: torch.Tensor, compression_name: str) -> torch.Tensor:
     """The same chunk with its layers compressed by `compression_name` (checked on the way; same key, priority)."""
-    header = read_header(blob)
-    header, kv = decode(blob, header.key)
+    header, kv = decode(blob, read_header(blob).key)
     entry = KVEntry(header.key, kv, header.token_ids, header.fingerprint)
     return encode(entry, header.priority, compression_name)
 

@@ -72,9 +72,9 @@ class Level:
         with self.lock:
             if self.policy.contains(key):
                 return True, []
-        blob = self._compressed(key, blob)
+        blob = self._compressed(key, blob)  # outside the lock: compressing a chunk takes milliseconds
         with self.lock:
-            if self.policy.contains(key):
+            if self.policy.contains(key):  # placed by another thread meanwhile
                 return True, []
             victims = self.policy.admit(key, blob.numel(), priority)
             admitted = key not in victims
