@@ -159,6 +159,20 @@ def test_a_corpus_ingested_on_the_serving_cluster_is_named_by_id(served, client,
                       json={"messages": [{"role": "user", "content": QUESTION}], "documents": [{"id": "ing-0"}]})
     assert gone.status_code == 404
 
+    # The ingest actors' Prometheus counters, through Ray's metrics export of the node (flushed every few seconds).
+    import ray
+
+    port = ray.nodes()[0]["MetricsExportPort"]
+    deadline_s, counted = time.monotonic() + 60, {}
+    while counted.get("chunks") != 3.0 and time.monotonic() < deadline_s:
+        for family in text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text):
+            for sample in family.samples:
+                if sample.labels.get("tenant") == "ingest" and sample.labels.get("outcome") == "computed":
+                    name = sample.name.removeprefix("ray_blendserve_ingest_").removesuffix("_total")
+                    counted[name] = counted.get(name, 0.0) + sample.value
+        time.sleep(1)
+    assert counted["chunks"] == 3.0 and counted["tokens"] == summary.num_tokens
+
 
 def test_a_chat_with_a_system_prompt_reuses_stored_chunks_on_every_turn_streamed_or_not(server, client):
     # Chunks stored through the documents API are computed after the template's own prefix: a chat with a
