@@ -29,13 +29,18 @@ def record_missing_verdicts(config: ServeConfig, fuser: Fuser, book: VerdictBook
     fingerprint = fuser.runner.checkpoint.fingerprint
     passed = {}
     for name in configured_compressions(config):
-        found = book.get(fingerprint, name)
-        if found is None:
-            bound = config.guardrails.compression_max_kl_increase
-            bound = DEFAULT_MAX_KL_INCREASE.get(name, 0.0) if bound is None else bound
-            verdict = measure_compression(fuser, name, bound)
-            found = {**asdict(verdict), "kl_increase": verdict.kl_increase, "passed": verdict.passed}
-            book.put(fingerprint, name, found)
+        try:
+            found = book.get(fingerprint, name)
+            if found is None:
+                bound = config.guardrails.compression_max_kl_increase
+                bound = DEFAULT_MAX_KL_INCREASE.get(name, 0.0) if bound is None else bound
+                verdict = measure_compression(fuser, name, bound)
+                found = {**asdict(verdict), "kl_increase": verdict.kl_increase, "passed": verdict.passed}
+                book.put(fingerprint, name, found)
+        except OSError as err:  # the book unreachable: the stores stay uncompressed, the next start tries again
+            _log.warning("blendserve: compression verdicts at %s unreachable (%s): %s stays off", book.url, err, name)
+            passed[name] = False
+            continue
         passed[name] = bool(found["passed"])
         if passed[name]:
             _log.info("blendserve: compression %s allowed for model %s: %s", name, fingerprint, found)

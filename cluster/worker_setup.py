@@ -73,6 +73,7 @@ def node_shard_config(config: ServeConfig) -> ShardConfig | None:
     ram, ssd = config.tier("ram"), config.tier("ssd")
     if ram is None and ssd is None:
         return None
+    book = verdict_book(config)
     return ShardConfig(
         ram_capacity_bytes=0 if ram is None else ram.capacity_bytes,
         ssd_url=None if ssd is None else ssd.url,
@@ -81,8 +82,8 @@ def node_shard_config(config: ServeConfig) -> ShardConfig | None:
         tenant_share=config.server.tenant_cache_share,
         ram_compression=NONE if ram is None else ram.compression,
         ssd_compression=NONE if ssd is None else ssd.compression,
-        verdicts_url=verdict_book(config).url,
-        verdicts_options=dict(shared.storage_options) if (shared := config.tier("object")) is not None else {},
+        verdicts_url=book.url,
+        verdicts_options=book.storage_options,
     )
 
 

@@ -40,6 +40,7 @@ class VerdictBook:
         protocol = url.split("://", 1)[0]
         options = with_timeouts(protocol, {"use_listings_cache": False, **(storage_options or {})}, VERDICT_TIMEOUT_S)
         self.url = url
+        self.storage_options = dict(storage_options or {})
         self._fs, self._root = fsspec.core.url_to_fs(url, **options)
 
     def get(self, fingerprint: str, compression_name: str) -> dict[str, Any] | None:
