@@ -1,7 +1,7 @@
 """Compressed chunk KV against uncompressed, side by side: bytes, encode and decode speed, load time per tier.
 
 Chunk KV is the default model's own, computed over passages of the 2wiki pool in the serving dtype.
-.venv/bin/python bench/compression_bench.py --chunks 24 --out docs/results/store/compression.json
+.venv/bin/python bench/compression_bench.py --chunks 24 --out docs/results/compression/bench_zen3.json
 """
 
 import argparse
