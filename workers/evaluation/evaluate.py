@@ -46,6 +46,9 @@ class EngineAccess:
     engine: Engine
     call: Callable[[Callable[[], Any]], Any]  # runs a task where the engine computes (the vLLM engine's thread)
     fuses_question: bool  # the torch engine's fusion computes the question's KV too; the vLLM engine's does not
+    # Forgets fused contexts the engine keeps (vLLM's prefix cache holds a fused context under its chunks' keys,
+    # which do not name the compression a run read them under)
+    forget_fused: Callable[[], None] = lambda: None
 
     def kv_end(self, prompt: PromptLayout) -> int:
         """How many leading prompt tokens the engine's fusion computes KV for."""
@@ -60,7 +63,7 @@ def direct_access(engine: Engine) -> EngineAccess:
 
 def engine_thread_access(engine: Any) -> EngineAccess:
     """The vLLM engine: fusion on its engine thread (`engine.call`), the context fused, vLLM prefills the question."""
-    return EngineAccess(engine, engine.call, fuses_question=False)
+    return EngineAccess(engine, engine.call, fuses_question=False, forget_fused=engine.forget_fused_contexts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,8 @@ def evaluate(
         )
         rows = []
         for run in runs:
+            if run.kv_compression != NONE:  # else its answer would reuse the fused context of a run before it
+                access.forget_fused()
             with _reading(engine, run.kv_compression):
                 result = reference if run.mode == REFERENCE_MODE else _answer(engine, record, run.mode, run.ratio,
                                                                               sampling)

@@ -133,6 +133,10 @@ class VLLMEngine(Engine):
         """Run `task` on the engine thread, which owns vLLM and every model computation, and wait for it."""
         return self._loop.call(task)
 
+    def forget_fused_contexts(self) -> None:
+        """Drop vLLM's prefix cache (fused contexts included), so the next request fuses its context afresh."""
+        self._loop.call(lambda: self._loop.engine.reset_prefix_cache())
+
     @property
     def peak_running(self) -> int:
         """Most requests vLLM held at once since the last reset (continuous batching at work when > 1)."""
