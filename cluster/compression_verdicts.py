@@ -13,10 +13,7 @@ _log = logging.getLogger(__name__)
 
 def verdict_book(config: ServeConfig) -> VerdictBook:
     """In the object tier when configured (every node reads it), else under the data folder."""
-    shared = config.tier("object")
-    if shared is not None:
-        return VerdictBook(f"{shared.url.rstrip('/')}/{VERDICT_FOLDER}", dict(shared.storage_options))
-    return VerdictBook(f"file://{config.data_dir.absolute() / VERDICT_FOLDER}")
+    return VerdictBook(*config.shared_folder(VERDICT_FOLDER))
 
 
 def configured_compressions(config: ServeConfig) -> list[str]:

@@ -87,6 +87,14 @@ class ServeConfig:
         """The configured tier of that role, if any."""
         return next((tier for tier in self.tiers or () if tier.name == name), None)
 
+    def shared_folder(self, folder: str) -> tuple[str, dict[str, Any]]:
+        """URL and storage options of `folder` where every node reads it: in the object tier when configured,
+        else under the data folder (a one-node deployment)."""
+        shared = self.tier("object")
+        if shared is not None:
+            return f"{shared.url.rstrip('/')}/{folder}", dict(shared.storage_options)
+        return f"file://{self.data_dir.absolute() / folder}", {}
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be served; one problem per line, each led by its field path."""

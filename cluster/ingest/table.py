@@ -61,10 +61,7 @@ class TableLocation:
     @classmethod
     def of(cls, config: "ServeConfig") -> "TableLocation":
         """In the object tier when configured (every node reads it), else under the data folder."""
-        shared = config.tier("object")
-        if shared is not None:
-            return cls(f"{shared.url.rstrip('/')}/{TABLE_FOLDER}", dict(shared.storage_options))
-        return cls(f"file://{config.data_dir.absolute() / TABLE_FOLDER}", {})
+        return cls(*config.shared_folder(TABLE_FOLDER))
 
 
 class DocumentTable:
