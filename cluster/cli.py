@@ -270,6 +270,8 @@ def bench_serve(
     burstiness: float = typer.Option(1.0, min=0.01, help="Gamma arrivals' shape; 1 is Poisson (vLLM's definition)."),
     max_tokens: int = typer.Option(32, min=1, help="Tokens generated per answer (greedy, both systems)."),
     precompute: bool = typer.Option(False, help="Store every workload document in blendserve before timing."),
+    documents_by_id: bool = typer.Option(
+        False, help="Ingest every workload document (`blendserve ingest`) before timing, then send ids, not text."),
     warmup: int = typer.Option(2, min=0, help="Untimed warm-up requests per system (on a passage of their own)."),
     mode: str = typer.Option(None, help="blendserve's fusion mode per request (default: the configuration's)."),
     ratio: float = typer.Option(None, min=0.0, max=1.0, help="blendserve's recompute ratio per request."),
@@ -319,6 +321,7 @@ def bench_serve(
             max_tokens=max_tokens,
             burstiness=burstiness,
             precompute=precompute,
+            documents_by_id=documents_by_id,
             num_warmup=warmup,
             blend={k: v for k, v in {"mode": mode, "recompute_ratio": ratio}.items() if v is not None},
             blendserve_config=base,

@@ -13,6 +13,8 @@ from typing import Any
 
 import aiohttp
 
+from cluster.bench.workload import document_id
+
 DEFAULT_TIMEOUT = aiohttp.ClientTimeout(total=3600)
 
 
@@ -44,13 +46,14 @@ class Outcome:
 
 async def blendserve_completion(
     session: aiohttp.ClientSession, base_url: str, model: str, question: str, documents: list[str],
-    max_tokens: int, blend: dict[str, Any] | None = None,
+    max_tokens: int, blend: dict[str, Any] | None = None, by_id: bool = False,
 ) -> Outcome:
-    """POST /v1/completions with `documents`, streamed; the closing chunks carry `blend` and `usage`."""
+    """POST /v1/completions with `documents` (their text, or `by_id` their ids), streamed; `blend` and `usage` last."""
     from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
 
+    named = [{"id": document_id(d)} if by_id else {"text": d} for d in documents]
     payload: dict[str, Any] = {
-        "model": model, "prompt": question, "documents": [{"text": d} for d in documents],
+        "model": model, "prompt": question, "documents": named,
         "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
     }
     if blend:

@@ -19,13 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.bench.client import DEFAULT_TIMEOUT, Outcome, blendserve_completion, vllm_completion
 from cluster.bench.metrics import agreement, gold_f1, reuse_timeline, summarize
-from cluster.bench.systems import EngineShape, blendserve_server, vllm_server
+from cluster.bench.systems import EngineShape, blendserve_server, ingest_documents, vllm_server
 from cluster.bench.workload import WorkloadRequest, distinct_documents
 from workers.generation.prompt import PromptTemplate
 from workers.model.dtype import measured_on
 
 SYSTEMS = ("blendserve", "vllm")
 WARMUP_DOCUMENT = "This warm-up passage is about nothing the benchmark asks; it only wakes the server up."
+WARMUP_PREFIX = "warmup-"  # warm-up requests send their passage as text, never by id
 UPLOAD_BATCH = 16  # documents per POST /v1/documents: well inside the body and document limits
 TIMELINE_WINDOW_S = 10.0
 
@@ -63,6 +64,7 @@ class BenchPlan:
     max_tokens: int = 32
     burstiness: float = 1.0
     precompute: bool = False
+    documents_by_id: bool = False  # blendserve: ingest the documents before timing, then name them by id
     num_warmup: int = 2
     blend: Mapping[str, Any] | None = None
     blendserve_config: Mapping[str, Any] = field(default_factory=dict)
@@ -113,7 +115,8 @@ def run_benchmark(plan: BenchPlan, command: str = "") -> dict[str, Any]:
         "plan": {
             "num_requests": len(plan.requests), "points": [p.to_json() for p in plan.points],
             "burstiness": plan.burstiness, "max_tokens": plan.max_tokens, "precompute": plan.precompute,
-            "num_warmup": plan.num_warmup, "blend": dict(plan.blend or {}), "seed": plan.seed,
+            "documents_by_id": plan.documents_by_id, "num_warmup": plan.num_warmup, "blend": dict(plan.blend or {}),
+            "seed": plan.seed,
         },
         "systems": systems,
         "comparison": compare(systems, plan),
@@ -144,7 +147,7 @@ def compare(systems: Mapping[str, Any], plan: BenchPlan) -> list[dict[str, Any]]
 def warmup_requests(num_warmup: int) -> list[WorkloadRequest]:
     """Untimed requests on a passage of their own, so no workload document is cached by them."""
     question = "What is this passage about?"
-    return [WorkloadRequest(f"warmup-{i}", question, (WARMUP_DOCUMENT,)) for i in range(num_warmup)]
+    return [WorkloadRequest(f"{WARMUP_PREFIX}{i}", question, (WARMUP_DOCUMENT,)) for i in range(num_warmup)]
 
 
 async def _run_system(name: str, url: str, plan: BenchPlan, prompts: Mapping[str, list[int]]) -> dict[str, Any]:
@@ -154,7 +157,8 @@ async def _run_system(name: str, url: str, plan: BenchPlan, prompts: Mapping[str
     async def send(session: aiohttp.ClientSession, request: WorkloadRequest) -> Outcome:
         if name == "blendserve":
             return await blendserve_completion(
-                session, url, model, request.question, list(request.documents), plan.max_tokens, blend
+                session, url, model, request.question, list(request.documents), plan.max_tokens, blend,
+                by_id=plan.documents_by_id and not request.id.startswith(WARMUP_PREFIX),
             )
         return await vllm_completion(session, url, model, prompts[request.id], plan.max_tokens)
 
@@ -164,7 +168,11 @@ async def _run_system(name: str, url: str, plan: BenchPlan, prompts: Mapping[str
             outcome = await send(session, request)
             if not outcome.ok:
                 raise RuntimeError(f"{name}: the warm-up request failed: {outcome.error}")
-        if plan.precompute and name == "blendserve":
+        if plan.documents_by_id and name == "blendserve":
+            started = time.monotonic()
+            ingest = ingest_documents(plan.shape, plan.work_dir / "bs", distinct_documents(plan.requests))
+            result["ingest"] = {**ingest, "wall_s": round(time.monotonic() - started, 2)}
+        elif plan.precompute and name == "blendserve":
             result["precompute_s"] = await _precompute(url, model, distinct_documents(plan.requests))
         for index, point in enumerate(plan.points):
             before = await _prefix_cache_counters(url) if name == "vllm" else {}

@@ -1,4 +1,5 @@
 """The two systems the serving benchmark starts, one at a time: `blendserve serve` and plain vLLM's OpenAI server."""
+import json
 import logging
 import os
 import signal
@@ -6,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import yaml
 
+from cluster.bench.workload import document_id
 from workers.vllm.engine_config import cpu_env
 
 _log = logging.getLogger(__name__)
@@ -127,6 +129,30 @@ def blendserve_server(shape: EngineShape, root: Path, base_config: Mapping[str, 
         url = f"http://127.0.0.1:{port}"
         _wait_ready(child, f"{url}/readyz", shape.ready_timeout_s, root / "blendserve.log")
         yield url
+
+
+def ingest_documents(shape: EngineShape, root: Path, documents: Sequence[str]) -> dict[str, Any]:
+    """`blendserve ingest` of `documents` (ids from their text) on the running `blendserve_server(..., root)`'s Ray.
+
+    Same configuration, so the same shards, document table and dtype as the server; returns the ingest's summary.
+    """
+    source = root / "documents.jsonl"
+    source.write_text("".join(json.dumps({"id": document_id(d), "text": d}) + "\n" for d in documents))
+    summary_path = root / "ingest-summary.json"
+    command = [
+        sys.executable, "-c", "from cluster.cli import app; app()", "ingest", str(source),
+        "--config", str(root / "blendserve.yaml"), "--address", "auto", "--actors", "1",
+        "--manifest", str(root / "ingest-manifest.parquet"), "--refusals", str(root / "ingest-refusals.jsonl"),
+        "--summary", str(summary_path),
+    ]
+    with open(root / "ingest.log", "ab") as log:
+        done = subprocess.run(command, env=scratch_env(root, shape.num_threads), stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"blendserve ingest exited with {done.returncode}; see {root / 'ingest.log'}")
+    summary = json.loads(summary_path.read_text())
+    if summary["num_refused"]:
+        raise RuntimeError(f"blendserve ingest refused {summary['num_refused']} documents; see {source}")
+    return summary
 
 
 @contextmanager

@@ -1,4 +1,5 @@
 """The serving benchmark's workload file: one request per JSON line (question, documents, gold answers)."""
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -68,3 +69,8 @@ def read_workload(path: Path, limit: int | None = None, offset: int = 0) -> list
 def distinct_documents(requests: Sequence[WorkloadRequest]) -> list[str]:
     """Every document the workload uses, once, in first-use order."""
     return list(dict.fromkeys(document for request in requests for document in request.documents))
+
+
+def document_id(text: str) -> str:
+    """A URL-safe id naming a document by its text, so a workload's documents can be ingested and sent by id."""
+    return "w-" + hashlib.sha256(text.encode()).hexdigest()[:24]

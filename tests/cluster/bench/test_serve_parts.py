@@ -8,7 +8,13 @@ from cluster.bench.client import Outcome
 from cluster.bench.metrics import agreement, gold_f1, percentiles, reuse_timeline, summarize, throughput_at_p95
 from cluster.bench.serve import BenchPlan, LoadPoint
 from cluster.bench.systems import EngineShape, blendserve_config, vllm_command
-from cluster.bench.workload import WorkloadRequest, distinct_documents, read_workload, write_workload
+from cluster.bench.workload import (
+    WorkloadRequest,
+    distinct_documents,
+    document_id,
+    read_workload,
+    write_workload,
+)
 
 SHAPE = EngineShape(Path("/models/m"), "m", "bfloat16", max_model_len=4096, kv_cache_bytes=1 << 30, max_num_seqs=4)
 
@@ -121,3 +127,9 @@ def test_throughput_at_a_p95_budget_interpolates_between_load_points() -> None:
     assert throughput_at_p95(points, 6.0) == pytest.approx(1.1)
     assert throughput_at_p95(points, 100.0) == 1.2
     assert throughput_at_p95(points, 0.5) == 0.0
+
+
+def test_a_document_id_is_url_safe_and_names_the_text() -> None:
+    first, again, other = document_id("The Danube"), document_id("The Danube"), document_id("The Danube.")
+    assert first == again != other
+    assert first.startswith("w-") and first[2:].isalnum() and len(first) == 26
