@@ -11,6 +11,7 @@ Passage tokens count what each system computes for the passages (the shared pref
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -135,9 +136,14 @@ def _copies(limit: int, num_copies: int, dtype: str) -> dict[str, float]:
 def _cluster_ingest(corpus: Path, num_nodes: int, dtype: str) -> dict[str, Any]:
     """Ingest on `num_nodes` loopback Ray nodes of one CPU each, one single-threaded actor per node."""
     import ray
+    from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
     work = Path(tempfile.mkdtemp(dir="/tmp", prefix="bs-"))
+    # Loopback addresses only, and Ray's files (its current-cluster address among them) under `work`. Ray read
+    # the switch at import, so the parsed constant is set too; its child processes read the environment.
+    os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TMPDIR": str(work)})
+    ray_constants.ENABLE_RAY_CLUSTER = False
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "temp_dir": str(work / "ray")})
     for _ in range(num_nodes - 1):
         cluster.add_node(num_cpus=1)
