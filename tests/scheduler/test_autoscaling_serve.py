@@ -104,6 +104,9 @@ def _wait_for(condition: Callable[[], bool], what: str) -> float:
     return time.monotonic() - start_s
 
 
+# make test's budget: Serve adding a worker replica on a TTFT over the SLO runs by default in
+# tests/helm/test_upgrades.py (the chart's app, then a hot upgrade); the policy's own logic above.
+@pytest.mark.slow
 def test_serve_scales_on_the_replicas_ttft_then_back_down(serve_instance: None):
     from ray import serve
 
@@ -135,7 +138,7 @@ def test_serve_scales_on_the_replicas_ttft_then_back_down(serve_instance: None):
     serve.delete("ttft")
 
 
-@pytest.mark.slow  # make test's budget: the TTFT test above runs the same Serve autoscaling path by default
+@pytest.mark.slow  # make test's budget: Serve autoscaling on the policy runs by default in tests/helm/test_upgrades.py
 def test_serve_scales_on_the_queue_then_back_down(serve_instance: None):
     from ray import serve
 

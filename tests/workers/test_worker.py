@@ -1,6 +1,8 @@
 """The plain worker on the real model: streamed deltas equal the engine's answer; stop strings end decoding."""
 import time
 
+import pytest
+
 from workers.engines.base import BlendRequest
 from workers.engines.torch_engine import TorchEngine
 from workers.generation.sampling import SamplingParams
@@ -17,6 +19,9 @@ def _run(worker: Worker, job: Job) -> tuple[str, Finished]:
     return "".join(e.text for e in events[:-1]), events[-1]
 
 
+# make test's budget: streamed deltas and the reuse stats run by default through the served app's workers
+# (tests/cluster/test_serving.py: streamed equals unstreamed, reuse on the second request).
+@pytest.mark.slow
 def test_streamed_text_is_the_engine_answer_and_stats_count_reuse(checkpoint: Checkpoint, qa_records: list[dict]):
     record = qa_records[0]
     request = BlendRequest(record["documents"], record["question"], "cacheblend", 0.15, GREEDY)

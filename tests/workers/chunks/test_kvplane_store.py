@@ -20,6 +20,9 @@ def open_store(directory: Path) -> TieredStore:
     return TieredStore.from_specs(specs)
 
 
+# make test's budget: recovery from SSD files runs by default in tests/kvplane/test_store.py and on Ray in
+# tests/kvplane/ray/test_shard_recovery.py; the engine on a tiered store in tests/cluster/test_serving.py.
+@pytest.mark.slow
 def test_chunks_survive_a_restart_and_stay_per_model(checkpoint: Checkpoint, tmp_path: Path,
                                                      qa_records: list[dict]) -> None:
     documents, question = qa_records[0]["documents"], qa_records[0]["question"]
