@@ -170,7 +170,8 @@ async def _run_system(name: str, url: str, plan: BenchPlan, prompts: Mapping[str
                 raise RuntimeError(f"{name}: the warm-up request failed: {outcome.error}")
         if plan.documents_by_id and name == "blendserve":
             started = time.monotonic()
-            ingest = ingest_documents(plan.shape, plan.work_dir / "bs", distinct_documents(plan.requests))
+            ingest = await asyncio.to_thread(
+                ingest_documents, plan.shape, plan.work_dir / "bs", distinct_documents(plan.requests))
             result["ingest"] = {**ingest, "wall_s": round(time.monotonic() - started, 2)}
         elif plan.precompute and name == "blendserve":
             result["precompute_s"] = await _precompute(url, model, distinct_documents(plan.requests))
