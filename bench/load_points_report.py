@@ -18,23 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-import numpy as np
 
 from cluster.bench.metrics import throughput_at_p95
+from workers.evaluation.bootstrap import paired_median_ratio_interval
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
-
-RESAMPLES = 2000
-
-
-def paired_median_ratio_interval(theirs: list[float], ours: list[float], seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap interval of median(theirs) / median(ours), the same requests resampled on both sides."""
-    a, b = np.asarray(theirs), np.asarray(ours)
-    picks = np.random.default_rng(seed).integers(0, a.size, size=(RESAMPLES, a.size))  # [R, N]
-    ratios = np.median(a[picks], axis=1) / np.median(b[picks], axis=1)
-    low, high = np.quantile(ratios, [0.025, 0.975])
-    return float(low), float(high)
 
 
 def point_figures(result: dict[str, Any], index: int) -> dict[str, Any]:

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from cluster.bench.metrics import agreement
-
-RESAMPLES = 2000
+from workers.evaluation.bootstrap import paired_median_ratio_interval
 
 
 def requests_of(path: Path) -> list[dict[str, Any]]:
@@ -26,16 +25,13 @@ def requests_of(path: Path) -> list[dict[str, Any]]:
     return [r for r in point["requests"] if r["ok"]]
 
 
-def median_ratio(base: dict[str, float], other: dict[str, float], seed: int = 0) -> dict[str, float]:
+def median_ratio(base: dict[str, float], other: dict[str, float]) -> dict[str, float]:
     """median(base) / median(other) over the requests both answered, with a paired bootstrap 95% interval."""
     ids = sorted(set(base) & set(other))
-    first, second = np.array([base[i] for i in ids]), np.array([other[i] for i in ids])
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(ids), size=(RESAMPLES, len(ids)))
-    ratios = np.median(first[draws], axis=1) / np.median(second[draws], axis=1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return {"ratio": round(float(np.median(first) / np.median(second)), 3), "low": round(float(low), 3),
-            "high": round(float(high), 3), "count": len(ids)}
+    first, second = [base[i] for i in ids], [other[i] for i in ids]
+    low, high = paired_median_ratio_interval(first, second)
+    return {"ratio": round(float(np.median(first) / np.median(second)), 3), "low": round(low, 3),
+            "high": round(high, 3), "count": len(ids)}
 
 
 def summarize_run(requests: list[dict[str, Any]]) -> dict[str, Any]:

@@ -54,3 +54,14 @@ def paired_ratio_interval(
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(ratios, [tail, 1.0 - tail])
     return float(low), float(high)
+
+
+def paired_median_ratio_interval(
+    first: Sequence[float], second: Sequence[float], resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """95% bootstrap interval of median(first) / median(second), the same items resampled on both sides."""
+    a, b = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))  # [resamples, items]
+    ratios = np.median(a[picks], axis=1) / np.median(b[picks], axis=1)
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(low), float(high)
