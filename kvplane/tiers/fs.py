@@ -105,7 +105,7 @@ def with_timeouts(protocol: str, options: dict[str, Any], timeout_s: float) -> d
     # a stalled endpoint would hold a request for minutes. Options given explicitly win.
     if protocol not in _S3_PROTOCOLS:
         return options
-    retries = {"max_attempts": 2, "mode": "standard"}
+    retries = {"total_max_attempts": 2, "mode": "standard"}  # max_attempts would count retries only: three tries
     config = {"connect_timeout": timeout_s, "read_timeout": timeout_s, "retries": retries}
     return {**options, "config_kwargs": {**config, **options.get("config_kwargs", {})}}
 

@@ -5,9 +5,11 @@ import threading
 import time
 from pathlib import Path
 
+import botocore.session
 import pytest
 import torch
 import xxhash
+from botocore.config import Config
 
 from kvplane.codec import _PREFIX, FORMAT_VERSION, MAGIC, ChunkHeader, _align, _pack, encode
 from kvplane.entry import KVEntry
@@ -166,7 +168,11 @@ def test_temporary_files_of_interrupted_writes_are_swept(make_entry: EntryFactor
 def test_s3_calls_get_their_own_timeouts_unless_given() -> None:
     options = with_timeouts("s3", {"key": "k"}, 2.0)
     assert options["config_kwargs"]["read_timeout"] == options["config_kwargs"]["connect_timeout"] == 2.0
-    assert options["config_kwargs"]["retries"]["max_attempts"] == 2
+    client = botocore.session.get_session().create_client(
+        "s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s",
+        config=Config(**options["config_kwargs"]),
+    )
+    assert client.meta.config.retries["total_max_attempts"] == 2  # as botocore counts them: the first try included
     assert with_timeouts("s3", {"config_kwargs": {"read_timeout": 9}}, 2.0)["config_kwargs"]["read_timeout"] == 9
     assert with_timeouts("file", {"a": 1}, 2.0) == {"a": 1}
 
