@@ -17,7 +17,8 @@ from cluster.config_schema import TENANT_RULE, is_tenant_name
 from cluster.ingest.chunking import ChunkRule
 from cluster.ingest.kv_worker import RESULT_SCHEMA, ChunkKVActor
 from cluster.ingest.manifest import IngestSummary, manifest_table, refusal_rows, repeated_ids, summarize
-from cluster.ingest.source import Columns, list_corpus, read_corpus_file
+from cluster.ingest.row_tasks import mark_repeats, read_rows
+from cluster.ingest.source import Columns, list_corpus
 from cluster.worker_setup import worker_dtype
 from workers.model.default import prepare_default_model
 
@@ -71,20 +72,6 @@ def actor_pool(available: Mapping[str, float], threads_per_actor: int, num_actor
 def url_options(url: str, by_scheme: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The storage options for `url`: those of its scheme, none for a local path."""
     return dict(by_scheme.get(url.split("://", 1)[0], {})) if "://" in url else {}
-
-
-def read_rows(item: dict[str, Any], columns: Columns, storage_options: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Ray Data's flat_map over the file list: the rows of one corpus file."""
-    return read_corpus_file(item["file"], columns, storage_options)
-
-
-def mark_repeats(batch: pa.Table, repeats: Mapping[tuple[str, int], str]) -> pa.Table:
-    """The rows with the problem of an id an earlier row took."""
-    if not repeats:
-        return batch
-    problems = [repeats.get((file, row), problem) for file, row, problem in
-                zip(batch["file"].to_pylist(), batch["row"].to_pylist(), batch["problem"].to_pylist())]
-    return batch.set_column(batch.schema.get_field_index("problem"), "problem", pa.array(problems, pa.string()))
 
 
 def run_ingest(config: ServeConfig, job: IngestJob) -> IngestSummary:
