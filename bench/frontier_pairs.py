@@ -28,6 +28,8 @@ def paired_report(
     for metric in METRICS:
         x = [getattr(a[r], metric) for r in records]
         y = [getattr(b[r], metric) for r in records]
+        if None in x or None in y:  # a run without teacher-forced figures (--no-teacher-forced)
+            continue
         report[metric] = {"difference": statistics.fmean(x) - statistics.fmean(y),
                           "ci95": list(paired_difference_interval(x, y))}
     report["ttft_s_median"] = {first: statistics.median(a[r].ttft_s for r in records),
@@ -55,7 +57,7 @@ def main() -> None:
     document = {"rows": str(args.rows), "second_rows": str(args.second_rows or args.rows), "pairs": reports}
     args.out.write_text(json.dumps(document, indent=1) + "\n")
     for report in reports:
-        figures = ", ".join(_difference(m, report[m]) for m in METRICS)
+        figures = ", ".join(_difference(m, report[m]) for m in METRICS if m in report)
         print(f"{report['pair']} ({report['records']} records): {figures}")
 
 
