@@ -1,4 +1,6 @@
 """Paired frontier comparisons: differences over the records both runs share."""
+from dataclasses import replace
+
 import pytest
 
 from bench.frontier_pairs import paired_report
@@ -30,3 +32,10 @@ def test_the_second_label_may_come_from_another_models_rows() -> None:
     report = paired_report(mine, "cb@0.15", "cb@0.15", other)
     assert report["records"] == 1 and report["agreement_f1"]["difference"] == pytest.approx(0.3)
     assert paired_report(mine, "cb@0.15", "cb@0.15")["agreement_f1"]["difference"] == 0.0
+
+
+def test_a_metric_one_run_did_not_measure_is_left_out() -> None:
+    mine = [_row("r0", "cb", 0.9, 1.0), replace(_row("r1", "cb", 0.5, 1.0), tf_kl=None)]
+    other = [_row("r0", "cb", 0.7, 2.0), _row("r1", "cb", 0.5, 2.0)]
+    report = paired_report(mine, "cb", "cb", other)
+    assert "tf_kl" not in report and report["agreement_f1"]["difference"] == pytest.approx(0.1)
