@@ -1,7 +1,8 @@
 """The functions Ray Data runs on plain rows, in a module that never imports torch.
 
-A Ray worker imports the module of each function it runs; these run before the chunk-KV actors exist, and
-importing the pipeline (and with it torch and the model code) took ~6 s of a 1-CPU node's start.
+A Ray worker imports the module of each function it runs; these run before the chunk-KV actors exist. With
+the pipeline's imports (torch, the model code) the read stage of 200 passages on a 1-CPU node took 7.5-9.5 s,
+without them 2.6 s.
 """
 from collections.abc import Mapping
 from typing import Any
