@@ -22,6 +22,7 @@ import openai
 from cluster.bench.serve import cpu_model
 from cluster.bench.systems import EngineShape, blendserve_server
 from workers.evaluation.dataset import load_records
+from workers.generation.conversation import DOCUMENT_PLACES
 from workers.model.default import prepare_default_model
 from workers.model.dtype import measured_on, resolve_dtype
 
@@ -99,12 +100,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("docs/results/chat/turns.json"))
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/bs/chat"))
+    parser.add_argument("--documents-at", choices=DOCUMENT_PLACES, default="start",
+                        help="prompt.documents_at: before the conversation or before its last question")
     args = parser.parse_args()
     model = prepare_default_model()
     shape = EngineShape(model, MODEL, resolve_dtype("auto", model))
     records = load_records(args.data, args.conversations + 1)
     chats, chunk_tokens = [], []
-    with blendserve_server(shape, args.work_dir) as url:
+    with blendserve_server(shape, args.work_dir, {"prompt": {"documents_at": args.documents_at}}) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
         for index, record in enumerate(records):
             documents = record.documents[: args.docs]
@@ -119,6 +122,7 @@ def main() -> None:
         **measured_on(shape.dtype),
         "cpu_model": cpu_model(),
         "system_prompt": SYSTEM_PROMPT,
+        "documents_at": args.documents_at,
         "turns": summary(chats, chunk_tokens),
         "conversations": chats,
     }

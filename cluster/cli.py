@@ -166,6 +166,8 @@ def eval_command(
     system_prompt: str = typer.Option(None, help="Ask each record as a chat with this system message."),
     earlier_turns: int = typer.Option(0, min=0, help="Ask each record after N earlier exchanges (the records "
                                       "before it: question, first gold answer)."),
+    documents_at: str = typer.Option("start", help="A chat's documents before the conversation (start) or before "
+                                     "its last question (last)."),
     chunks_after: str = typer.Option("default_prefix", help="A chat's chunk KV is computed after the default "
                                      "prefix or the request's own (request_prefix)."),
     resume: bool = typer.Option(False, help="Keep the rows already in --records-out and score only the records "
@@ -222,7 +224,10 @@ def eval_command(
             runs += [EvalRun(label if p == "none" else f"{label}+{p}", name, r, p) for p in packings]
     records = load_records(data, limit, offset)
     if system_prompt is not None or earlier_turns:
-        records = in_conversation(records, system_prompt, earlier_turns)
+        try:
+            records = in_conversation(records, system_prompt, earlier_turns, documents_at)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--earlier-turns/--documents-at") from None
     if resume and records_out is None:
         raise typer.BadParameter("--resume needs --records-out: the rows to go on from", param_hint="--resume")
     labels = [run.label for run in runs]

@@ -38,14 +38,16 @@ def load_records(path: Path, limit: int | None = None, offset: int = 0) -> list[
     return records
 
 
-def in_conversation(records: list[QARecord], system: str | None, num_turns: int) -> list[QARecord]:
+def in_conversation(
+    records: list[QARecord], system: str | None, num_turns: int, documents_at: str = "start"
+) -> list[QARecord]:
     """Each record asked after `system` and `num_turns` earlier exchanges: the records before it (cyclically),
-    each a user question and its first gold answer from the assistant."""
+    each a user question and its first gold answer from the assistant; the documents where `documents_at` says."""
     if num_turns < 0 or (num_turns and len(records) <= num_turns):
         raise ValueError(f"num_turns must be in [0, {len(records) - 1}], got {num_turns}")
     asked = []
     for index, record in enumerate(records):
         earlier = [records[(index - num_turns + k) % len(records)] for k in range(num_turns)]
         turns = tuple(t for past in earlier for t in (Turn("user", past.question), Turn("assistant", past.answers[0])))
-        asked.append(replace(record, conversation=Conversation(system, turns)))
+        asked.append(replace(record, conversation=Conversation(system, turns, documents_at)))
     return asked
