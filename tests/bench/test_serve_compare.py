@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve_compare import median_ratio, requests_of, summarize_run
+from bench.serve_compare import median_ratio, reference_difference, requests_of, summarize_run
 
 
 def _request(rid: str, ttft_s: float, reused: dict[str, int], text: str = "Paris", ok: bool = True) -> dict:
@@ -30,3 +30,18 @@ def test_the_ttft_ratio_pairs_requests_by_id() -> None:
     ratio = median_ratio(base, faster)
     assert ratio["count"] == 3 and ratio["ratio"] == pytest.approx(2.0)
     assert ratio["low"] == pytest.approx(2.0) and ratio["high"] == pytest.approx(2.0)  # every pair halves
+
+
+def test_agreement_with_a_reference_system_is_compared_in_pairs(tmp_path: Path) -> None:
+    reference = {"a": "Paris", "b": "in 1889", "c": "the Danube"}
+    base = {"a": "Paris", "b": "in 1889", "c": "the Rhine", "d": "unpaired"}
+    other = {"a": "Paris", "b": "in 1889", "c": "the Danube"}
+    difference = reference_difference(base, other, reference)
+    assert difference["count"] == 3
+    # "the Rhine" shares no token with "the Danube" once articles are dropped (SQuAD's normalisation): F1 0
+    assert difference["difference"] == pytest.approx(1 / 3, abs=1e-4)
+    assert difference["low"] == 0.0 and difference["high"] == pytest.approx(1.0)
+    assert reference_difference(base, {}, reference) == {"count": 0}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"systems": {"vllm": {"points": [{"requests": [_request("a", 1.0, {})]}]}}}))
+    assert [r["id"] for r in requests_of(path, "vllm")] == ["a"]
