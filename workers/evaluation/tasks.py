@@ -9,16 +9,19 @@ long in all, with the task's facts written into them at a chosen depth. Families
 - `chain`: RULER's variable tracking, one hop: `VAR A = VALUE` in one chunk, `VAR B = VAR A` in another, asked
   for the value of B (RULER asks which variables hold a value; asking for B's value keeps one exact answer);
 - `reference`: a label in one chunk, its value in another ("NAME's office is room LABEL." and "The phone
-  extension of room LABEL is VALUE."), asked for NAME's extension.
+  extension of room LABEL is VALUE."), asked for NAME's extension;
+- `split_fact`: the single needle cut where a fixed-size chunker cuts text, between two chunks: "One of the
+  special magic numbers for KEY is:" ends one chunk and "VALUE." starts the next, asked by key.
 
-In `chain` and `reference` the answer needs two chunks: a chunk's cached KV never saw the other one.
+In `chain`, `reference` and `split_fact` the answer needs two chunks: a chunk's cached KV never saw the other one.
 """
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-FAMILIES = ("single_fact", "multi_key", "chain", "reference")
-SPANNING = ("chain", "reference")  # the answer needs two chunks
+FAMILIES = ("single_fact", "multi_key", "chain", "reference", "split_fact")
+SPANNING = ("chain", "reference", "split_fact")  # the answer needs two chunks
+PLACES = ("any", "start", "end")  # where in its chunk a fact sentence goes
 ORDERS = ("forward", "backward")
 _MAX_MISSES = 16  # filler sentences in a row that overflow a chunk's budget before it counts as full
 
@@ -46,7 +49,8 @@ class TaskSettings:
     num_chunks: int = 10
     context_tokens: int = 2000  # the documents' tokens in all (the haystack plus the facts)
     depth: float = 0.5  # where the asked fact's chunk sits: 0 the first chunk, 1 the last
-    order: str = "forward"  # spanning families: the chunk that uses the fact after ("forward") or before it
+    # chain, reference: the chunk that uses the fact after ("forward") or before it; split_fact reads forward
+    order: str = "forward"
     num_distractors: int = 3  # multi_key: needles of other keys
 
     def __post_init__(self) -> None:
@@ -72,10 +76,15 @@ class TaskSettings:
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """A fact sentence and the chunk it is written into."""
+    """A fact sentence, the chunk it is written into and where in it."""
 
     chunk: int
     sentence: str
+    at: str = "any"  # one of PLACES: a random sentence boundary, or the chunk's first or last words
+
+    def __post_init__(self) -> None:
+        if self.at not in PLACES:
+            raise ValueError(f"at must be one of {PLACES}, got {self.at!r}")
 
 
 def fact_chunk(settings: TaskSettings) -> int:
@@ -102,6 +111,11 @@ def facts_of(settings: TaskSettings, rng: random.Random) -> tuple[list[Placed], 
         placed += [Placed(chunk, _needle(key, str(rng.randrange(1_000_000, 10_000_000))))
                    for chunk, key in zip(others, keys[1:])]
         return placed, f"What is the special magic number for {keys[0]} mentioned in the provided text?", value
+    if settings.family == "split_fact":
+        key, value_chunk = rng.choice(_WORDS), max(anchor, 1)  # the value's chunk at the depth, after the key's
+        head, tail = _needle(key, value).rsplit(" ", 1)
+        placed = [Placed(value_chunk - 1, head, "end"), Placed(value_chunk, tail, "start")]
+        return placed, f"What is the special magic number for {key} mentioned in the provided text?", value
     partner = partner_chunk(settings, rng)
     if settings.family == "chain":
         first, second = ("".join(rng.choices("ABCDEFGHIJKLMNOPQRSTUVWXYZ", k=5)) for _ in range(2))
@@ -121,9 +135,9 @@ def make_instance(
     budget = settings.context_tokens // settings.num_chunks
     documents = []
     for chunk in range(settings.num_chunks):
-        sentences = [p.sentence for p in placed if p.chunk == chunk]
-        filler = _filler(passages, rng, budget - sum(count_tokens(s) + 1 for s in sentences), count_tokens)
-        documents.append(_insert(filler, sentences, rng))
+        facts = [p for p in placed if p.chunk == chunk]
+        filler = _filler(passages, rng, budget - sum(count_tokens(p.sentence) + 1 for p in facts), count_tokens)
+        documents.append(_insert(filler, facts, rng))
     return {
         "id": f"{settings.name}-{index}",
         "question": question,
@@ -175,9 +189,10 @@ def _sentences(passage: str) -> list[str]:
     return [part if part.endswith(".") else f"{part}." for part in parts if part]
 
 
-def _insert(filler: list[str], sentences: list[str], rng: random.Random) -> str:
-    """The chunk's text: each fact sentence at a random boundary between filler sentences."""
+def _insert(filler: list[str], facts: list[Placed], rng: random.Random) -> str:
+    """The chunk's text: each fact sentence where it is placed, `any` at a random boundary between filler sentences."""
     text = list(filler)
-    for sentence in sentences:
-        text.insert(rng.randrange(len(text) + 1), sentence)
+    for fact in facts:
+        where = {"start": 0, "end": len(text)}.get(fact.at)
+        text.insert(rng.randrange(len(text) + 1) if where is None else where, fact.sentence)
     return " ".join(text)

@@ -7,7 +7,7 @@ import pytest
 
 from workers.evaluation.dataset import load_records
 from workers.evaluation.scoring import contains_answer
-from workers.evaluation.tasks import FAMILIES, TaskSettings, fact_chunk, make_tasks
+from workers.evaluation.tasks import FAMILIES, Placed, TaskSettings, fact_chunk, make_tasks
 from workers.model.checkpoint import load_model_card
 from workers.model.default import prepare_default_model
 
@@ -115,3 +115,21 @@ def test_an_empty_haystack_or_no_instances_is_refused() -> None:
         make_tasks(settings, [], 1, 0, len)
     with pytest.raises(ValueError, match="num_instances"):
         make_tasks(settings, ["A passage."], 0, 0, len)
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_a_split_fact_ends_one_chunk_and_its_value_starts_the_next(depth, passages, count_tokens) -> None:
+    settings = TaskSettings("split_fact", num_chunks=6, context_tokens=1200, depth=depth)
+    for record in make_tasks(settings, passages, 5, 0, count_tokens):
+        key = re.search(r"magic number for (\w+) mentioned", record["question"]).group(1)
+        head, value = f"One of the special magic numbers for {key} is:", record["answers"][0]
+        [key_chunk] = chunks_with(record, head)
+        assert record["documents"][key_chunk].endswith(head)
+        assert record["documents"][key_chunk + 1].startswith(f"{value}. ")
+        assert key_chunk + 1 == max(fact_chunk(settings), 1)  # the value at the depth, unless that is chunk 0
+        assert not chunks_with(record, f"{head} {value}")  # never whole inside one chunk
+
+
+def test_a_fact_is_placed_only_where_a_chunk_has_room() -> None:
+    with pytest.raises(ValueError, match="at"):
+        Placed(0, "A fact.", "middle")
