@@ -57,6 +57,10 @@ class CompressedView(LocalChunkStore):
         for name in self.compressions:
             self.packed.pop((namespace, tuple(context_ids), tuple(token_ids), name), None)
 
+    def clear(self) -> None:
+        super().clear()
+        self.packed.clear()
+
     def get(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> ChunkKV | None:
         found = super().get(token_ids, context_ids, namespace)
         if found is None or self.active == NONE:

@@ -100,5 +100,9 @@ class LocalChunkStore:
     def flush(self) -> None:
         """Nothing is ever in flight."""
 
+    def clear(self) -> None:
+        """Drop every chunk (impacts stay: they are small and describe the chunks, not their KV)."""
+        self.entries.clear()
+
     def __len__(self) -> int:
         return len(self.entries)

@@ -1,6 +1,7 @@
 """The engines an evaluation can run on, loaded with the fusion options it compares."""
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from workers.chunks.compressed_view import CompressedView
@@ -47,10 +48,12 @@ def load_eval_engine(
 
     if kind == "torch":
         checkpoint = load_checkpoint(path, torch_dtype(resolve_dtype(dtype, path, on_gpu=False)))
-        return direct_access(TorchEngine(make_fuser(ModelRunner(checkpoint))))
+        access = direct_access(TorchEngine(make_fuser(ModelRunner(checkpoint))))
+        return replace(access, forget_chunks=access.engine.fuser.store.clear)
     from workers.vllm.engine import VLLMEngine  # imports vllm: only when asked for
     from workers.vllm.settings import VLLMSettings
 
     scratch = Path(tempfile.mkdtemp(prefix="blendserve-eval-"))
     settings = VLLMSettings(max_model_len=MAX_MODEL_LEN)
-    return engine_thread_access(VLLMEngine.start(path, scratch, settings, resolve_dtype(dtype, path), make_fuser))
+    access = engine_thread_access(VLLMEngine.start(path, scratch, settings, resolve_dtype(dtype, path), make_fuser))
+    return replace(access, forget_chunks=access.engine.fuser.store.clear)
