@@ -6,7 +6,7 @@ conversations of `--turns` turns over `--docs` musique passages with a system pr
 record's, the later ones follow-ups; each answer goes back as the assistant's turn. Streams every turn and
 records the client's TTFT (first content chunk) and the `blend` stats. One conversation first, untimed.
 
-    .venv/bin/python bench/chat_turns.py --conversations 6 --out docs/results/chat/turns.json --work-dir /tmp/bs/chat
+    .venv/bin/python bench/chat_turns.py --conversations 6 --documents-at last --work-dir /tmp/bs/chat
 """
 import argparse
 import json
@@ -98,11 +98,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--docs", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=Path("docs/results/chat/turns.json"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: docs/results/chat/turns_documents_<documents-at>.json")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/bs/chat"))
-    parser.add_argument("--documents-at", choices=DOCUMENT_PLACES, default="start",
+    parser.add_argument("--documents-at", choices=DOCUMENT_PLACES, default="last",
                         help="prompt.documents_at: before the conversation or before its last question")
     args = parser.parse_args()
+    out = args.out or Path(f"docs/results/chat/turns_documents_{args.documents_at}.json")
     model = prepare_default_model()
     shape = EngineShape(model, MODEL, resolve_dtype("auto", model))
     records = load_records(args.data, args.conversations + 1)
@@ -126,8 +128,8 @@ def main() -> None:
         "turns": summary(chats, chunk_tokens),
         "conversations": chats,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
     for row in document["turns"]:
         print(json.dumps({k: v for k, v in row.items() if k != "reused_tokens_by_tier"}))
 

@@ -166,8 +166,8 @@ def eval_command(
     system_prompt: str = typer.Option(None, help="Ask each record as a chat with this system message."),
     earlier_turns: int = typer.Option(0, min=0, help="Ask each record after N earlier exchanges (the records "
                                       "before it: question, first gold answer)."),
-    documents_at: str = typer.Option("start", help="A chat's documents before the conversation (start) or before "
-                                     "its last question (last)."),
+    documents_at: str = typer.Option("last", help="A chat's documents before its last question (last) or before the "
+                                     "conversation (start)."),
     chunks_after: str = typer.Option("default_prefix", help="A chat's chunk KV is computed after the default "
                                      "prefix or the request's own (request_prefix)."),
     resume: bool = typer.Option(False, help="Keep the rows already in --records-out and score only the records "

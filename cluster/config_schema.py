@@ -83,9 +83,10 @@ class PromptConfig:
     instruction: str = DEFAULT_INSTRUCTION
     question_template: str = DEFAULT_QUESTION_TEMPLATE
     use_chat_template: bool = True
-    # Where a chat's documents go: "start" (after the system message, before the earlier turns) or "last"
-    # (in the last user message, after the earlier turns).
-    documents_at: str = "start"
+    # Where a chat's documents go: "last" (in the last user message, after the earlier turns: answers agree with
+    # full prefill as a single question's do) or "start" (after the system message, before the earlier turns: a
+    # later turn finds its context in vLLM's prefix cache, but agrees less; docs/serving.md has the figures).
+    documents_at: str = "last"
     # What chunk KV is computed after: "default_prefix" (the template's own, so chunks are reused under every
     # system prompt; the fusion recomputes what the difference touches) or "request_prefix" (exact, per prompt).
     chunks_after: str = "default_prefix"

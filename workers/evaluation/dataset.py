@@ -39,7 +39,7 @@ def load_records(path: Path, limit: int | None = None, offset: int = 0) -> list[
 
 
 def in_conversation(
-    records: list[QARecord], system: str | None, num_turns: int, documents_at: str = "start"
+    records: list[QARecord], system: str | None, num_turns: int, documents_at: str = "last"
 ) -> list[QARecord]:
     """Each record asked after `system` and `num_turns` earlier exchanges: the records before it (cyclically),
     each a user question and its first gold answer from the assistant; the documents where `documents_at` says."""

@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 
 ROLES = ("user", "assistant")
-DOCUMENT_PLACES = ("start", "last")  # before the conversation (after the system message), or before the last question
+DOCUMENT_PLACES = ("last", "start")  # before the last question (the default), or before the conversation
 CHUNK_CONTEXTS_WITH_SYSTEM = ("default_prefix", "request_prefix")  # what chunk KV is computed after
 
 
@@ -24,7 +24,7 @@ class Conversation:
 
     system: str | None = None
     turns: tuple[Turn, ...] = ()
-    documents_at: str = "start"
+    documents_at: str = "last"
 
     def __post_init__(self) -> None:
         if self.documents_at not in DOCUMENT_PLACES:

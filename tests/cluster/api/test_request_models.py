@@ -138,9 +138,9 @@ def test_system_and_developer_messages_and_earlier_turns_make_the_conversation()
     turns = [(t.role, t.text) for t in conversation.turns]
     assert turns == [("user", "Who wrote Hamlet?"), ("assistant", "Shakespeare.")]
     assert prepared_chat(openai_body(messages=messages)).blend.question == "When?"
-    assert conversation.documents_at == "start"
-    placed = config_from_dict({"prompt": {"documents_at": "last"}})
-    assert prepared_chat(openai_body(messages=messages), placed).blend.conversation.documents_at == "last"
+    assert conversation.documents_at == "last"
+    placed = config_from_dict({"prompt": {"documents_at": "start"}})
+    assert prepared_chat(openai_body(messages=messages), placed).blend.conversation.documents_at == "start"
     assert prepared_chat(openai_body(messages=QUESTION)).blend.conversation is None  # one question: as before
 
 

@@ -39,8 +39,8 @@ def test_records_in_conversation_follow_the_records_before_them() -> None:
     ]
     assert first.turns[0].text == records[2].question  # cyclic: the first record follows the last ones
     assert chats[2].question == records[2].question and chats[2].documents == records[2].documents
-    assert first.documents_at == "start"
-    assert in_conversation(records, None, 1, "last")[0].conversation.documents_at == "last"
+    assert first.documents_at == "last"
+    assert in_conversation(records, None, 1, "start")[0].conversation.documents_at == "start"
     with pytest.raises(ValueError, match="num_turns"):
         in_conversation(records, None, 4)
     with pytest.raises(ValueError, match="documents_at"):

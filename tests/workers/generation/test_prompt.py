@@ -38,7 +38,7 @@ def test_a_conversation_puts_the_system_prompt_first_and_the_turns_after_the_doc
     template = PromptTemplate(checkpoint.tokenizer)
     decode = checkpoint.tokenizer.decode
     one = template.layout(DOCS, "What is Beta?")
-    chat = template.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS))
+    chat = template.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS, "start"))
     assert template.layout(DOCS, "What is Beta?", Conversation()) == one  # no system, no turns: one question
     assert SYSTEM in decode(chat.prefix_ids) and DEFAULT_INSTRUCTION in decode(chat.prefix_ids)
     assert chat.chunk_ids == one.chunk_ids
@@ -53,9 +53,10 @@ def test_a_conversation_puts_the_system_prompt_first_and_the_turns_after_the_doc
 
 def test_chunks_after_the_request_prefix_and_documents_before_the_last_question(checkpoint: Checkpoint) -> None:
     exact = PromptTemplate(checkpoint.tokenizer, chunks_after="request_prefix")
-    chat = exact.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS))
+    chat = exact.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS, "start"))
     assert chat.chunk_context_ids == chat.prefix_ids and chat.chunks_follow_prefix
-    last = PromptTemplate(checkpoint.tokenizer).layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS, "last"))
+    assert Conversation(SYSTEM, TURNS).documents_at == "last"  # the default: answers agree as a single question's
+    last = PromptTemplate(checkpoint.tokenizer).layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS))
     prefix, suffix = checkpoint.tokenizer.decode(last.prefix_ids), checkpoint.tokenizer.decode(last.suffix_ids)
     assert prefix.index(SYSTEM) < prefix.index("What is Alpha?") < prefix.index("A city.") < prefix.index(
         DEFAULT_INSTRUCTION)
@@ -70,7 +71,7 @@ def test_chunks_after_the_request_prefix_and_documents_before_the_last_question(
 
 def test_without_a_chat_template_turns_are_plain_text(checkpoint: Checkpoint) -> None:
     plain = PromptTemplate(checkpoint.tokenizer, use_chat_template=False)
-    chat = plain.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS))
+    chat = plain.layout(DOCS, "What is Beta?", Conversation(SYSTEM, TURNS, "start"))
     text = checkpoint.tokenizer.decode(chat.token_ids)
     assert text.startswith(SYSTEM + "\n\n" + DEFAULT_INSTRUCTION) and text.endswith("What is Beta?\nAnswer:")
     assert "A city.\n\n" in text

@@ -279,13 +279,13 @@ def test_a_conversations_next_turn_reads_its_fused_context_and_earlier_turn_from
 ) -> None:
     docs, question = records[2]
     vllm_engine.store_documents(docs, "chat")
-    system = Conversation(system="You answer in a few words.")
+    system = Conversation(system="You answer in a few words.", documents_at="start")  # the next turn extends this one
     turn = BlendRequest(docs, question, "cacheblend", 0.25, SamplingParams(max_new_tokens=NUM_TOKENS), "chat",
                         conversation=system)
     first = vllm_engine.open(turn)
     answer = vllm_engine.tokenizer.decode(list(first), skip_special_tokens=True).strip()
     assert "prefix_cache" not in first.stats.reused_tokens_by_tier and first.stats.reused_tokens > 0  # blended
-    later = Conversation(system.system, (Turn("user", question), Turn("assistant", answer)))
+    later = Conversation(system.system, (Turn("user", question), Turn("assistant", answer)), "start")
     second = vllm_engine.open(replace(turn, question="Where was it?", conversation=later))
     assert list(second)
     stats = second.stats
