@@ -18,6 +18,7 @@ from workers.evaluation.dataset import QARecord
 from workers.evaluation.engines import ENGINE_KINDS, load_eval_engine
 from workers.evaluation.evaluate import (
     REFERENCE_MODE,
+    EngineAccess,
     EvalRun,
     RecordScore,
     evaluate,
@@ -102,10 +103,15 @@ def main() -> None:
                     points.setdefault(family, []).append(point)
                     log.info("%s: full prefill %.2f, full reuse %.2f", settings.name, point[REFERENCE_MODE],
                              point["full_reuse"])
+                    write_document(args, access, points)  # after every setting: a stopped run keeps its figures
                     if point[REFERENCE_MODE] < args.floor:
                         break
     finally:
         access.engine.close()
+
+
+def write_document(args: argparse.Namespace, access: EngineAccess, points: dict[str, list[dict]]) -> None:
+    """The sizing so far: per family its points up the ladder and the verdict."""
     verdicts = [climb_verdict(family, family_points, args.floor, args.reuse_gap)
                 for family, family_points in points.items()]
     document = {"model": access.engine.fuser.runner.checkpoint.path.name, "engine": args.engine,
