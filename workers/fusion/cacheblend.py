@@ -80,7 +80,12 @@ class CacheBlend(FusionMode):
                 )
                 state.recompute_ratio = raised
         num_keep = ratio_count(min(1.0, state.recompute_ratio * multiplier), num_reusable)
-        return keep_top_spans(deviation, forced, num_keep, step.positions, opts.selection_span_tokens)
+        return keep_top_spans(self.ranking(step, deviation), forced, num_keep, step.positions,
+                              opts.selection_span_tokens)
+
+    def ranking(self, step: LayerStep, deviation: torch.Tensor) -> torch.Tensor:
+        """The scores the budget is spent by: the deviation itself. # [S]"""
+        return deviation
 
 
 def step_deviation(step: LayerStep, metric: str) -> torch.Tensor:

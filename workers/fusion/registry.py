@@ -4,12 +4,14 @@ from workers.fusion.baselines.epic import Epic
 from workers.fusion.baselines.full_prefill import FullPrefill
 from workers.fusion.baselines.full_reuse import FullReuse
 from workers.fusion.baselines.prefix_cache import PrefixCache
+from workers.fusion.boundary_blend import BoundaryBlend
 from workers.fusion.cacheblend import CacheBlend
 from workers.fusion.cachecraft import CacheCraft
 from workers.fusion.query_driven import QueryDriven
 
 FUSION_MODES: dict[str, type[FusionMode]] = {
-    mode.name: mode for mode in (FullPrefill, PrefixCache, FullReuse, Epic, CacheBlend, CacheCraft, QueryDriven)
+    mode.name: mode
+    for mode in (FullPrefill, PrefixCache, FullReuse, Epic, CacheBlend, BoundaryBlend, CacheCraft, QueryDriven)
 }
 
 
