@@ -179,7 +179,7 @@ def test_system_and_developer_messages_and_earlier_turns_make_the_conversation()
         ({**USER, "max_tokens": "16"}, "max_tokens", "input should be a valid integer"),
         ({**USER, "max_completion_tokens": 2000}, "max_completion_tokens", "must be in [1, 1024]"),
         ({**USER, "max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens", "must equal max_tokens"),
-        ({**USER, "blend": {"mode": "turbo"}}, "blend.mode", "must be one of ['cacheblend', 'cachecraft', 'epic'"),
+        ({**USER, "blend": {"mode": "turbo"}}, "blend.mode", "must be one of ['cacheblend', 'cacheblend_boundary', 'cachecraft', 'epic'"),
         ({**USER, "blend": {"recompute_ratio": 1.5}}, "blend.recompute_ratio", "must be in [0, 1], got 1.5"),
         ({**USER, "blend": {"recompute_ratio": -0.1}}, "blend.recompute_ratio", "must be in [0, 1], got -0.1"),
         ({**USER, "blend": {"ratio": 0.2}}, "blend.ratio", "is not a known field"),
