@@ -26,7 +26,7 @@ from workers.evaluation.evaluate import (
     score_row,
     summarise,
 )
-from workers.evaluation.tasks import FAMILIES, TaskSettings, make_tasks
+from workers.evaluation.tasks import FAMILIES, CountTokens, TaskSettings, make_tasks
 from workers.model.dtype import measured_on
 
 LADDER = ((2, 500), (5, 1000), (10, 2000), (10, 4000), (20, 4000), (20, 8000))  # (chunks, context tokens)
@@ -51,7 +51,9 @@ def climb_verdict(family: str, points: list[dict], floor: float, reuse_gap: floa
     }
 
 
-def _records(settings: TaskSettings, passages: list[str], instances: int, seed: int, count_tokens) -> list[QARecord]:
+def _records(
+    settings: TaskSettings, passages: list[str], instances: int, seed: int, count_tokens: CountTokens
+) -> list[QARecord]:
     raw = make_tasks(settings, passages, instances, seed, count_tokens)
     return [QARecord(r["id"], r["question"], r["answers"], r["documents"]) for r in raw]
 

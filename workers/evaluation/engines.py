@@ -1,6 +1,6 @@
 """The engines an evaluation can run on, loaded with the fusion options it compares."""
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,14 +46,18 @@ def load_eval_engine(
         store = CompressedView(kv_compressions)
         return Fuser(runner, options, store=store, template=template, chunk_context=chunk_context, modes=modes)
 
+    access = _start(kind, path, dtype, make_fuser)
+    return replace(access, forget_chunks=access.engine.fuser.store.clear)
+
+
+def _start(kind: str, path: Path, dtype: str, make_fuser: Callable[[ModelRunner], Fuser]) -> EngineAccess:
+    """The torch engine on the caller's thread, or the vLLM engine on its own, over `make_fuser`'s fuser."""
     if kind == "torch":
         checkpoint = load_checkpoint(path, torch_dtype(resolve_dtype(dtype, path, on_gpu=False)))
-        access = direct_access(TorchEngine(make_fuser(ModelRunner(checkpoint))))
-        return replace(access, forget_chunks=access.engine.fuser.store.clear)
+        return direct_access(TorchEngine(make_fuser(ModelRunner(checkpoint))))
     from workers.vllm.engine import VLLMEngine  # imports vllm: only when asked for
     from workers.vllm.settings import VLLMSettings
 
     scratch = Path(tempfile.mkdtemp(prefix="blendserve-eval-"))
     settings = VLLMSettings(max_model_len=MAX_MODEL_LEN)
-    access = engine_thread_access(VLLMEngine.start(path, scratch, settings, resolve_dtype(dtype, path), make_fuser))
-    return replace(access, forget_chunks=access.engine.fuser.store.clear)
+    return engine_thread_access(VLLMEngine.start(path, scratch, settings, resolve_dtype(dtype, path), make_fuser))

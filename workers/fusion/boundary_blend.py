@@ -30,9 +30,10 @@ def chunk_openings(step: LayerStep, span_tokens: int) -> torch.Tensor:
     opening overlaps, the one holding the chunk's first tokens ranks first.
     """
     layout = step.layout
+    exact_end = layout.exact_end()
     weights = torch.zeros(layout.kv_end)
     for seg in layout.chunk_segments():
-        if seg.start >= layout.exact_end():
+        if seg.start >= exact_end:
             length = min(span_tokens, seg.num_tokens)
             weights[seg.start : seg.start + length] = torch.arange(span_tokens, span_tokens - length, -1).float()
     return weights[step.positions.cpu()]
