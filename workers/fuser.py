@@ -21,6 +21,7 @@ from workers.fusion.registry import make_fusion_modes
 from workers.fusion.selective_pass import PrefillResult
 from workers.generation.conversation import Conversation
 from workers.generation.prompt import PromptLayout, PromptTemplate
+from workers.generation.text_stream import answer_text
 from workers.loading.controller import LoadingController
 from workers.model.kv_cache import KVCache
 from workers.model.runner import ModelRunner
@@ -176,6 +177,23 @@ class Fuser:
                 self._store_missing([(ids, seg.kind == PREFIX)], prompt, namespace)
         if self.variants is not None:
             self._make_variants(fused, prompt, namespace, self.variants)
+
+    def store_next_turn(
+        self,
+        conversation: Conversation | None,
+        question: str,
+        answer_ids: list[int],
+        prompt: PromptLayout,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> bool:
+        """Store the KV of the prefix this conversation's next turn opens with, where it changes; whether computed.
+
+        With the documents before the last question, the next turn's prefix holds this exchange (the client sends
+        the answer back as the assistant's turn): its exact KV is computed now, between turns, so the next turn
+        reads its whole prefix from the store instead of computing it before its first token.
+        """
+        ids = self.template.next_turn_prefix(conversation, question, answer_text(self.tokenizer, answer_ids))
+        return bool(ids) and self._store_missing([(ids, True)], prompt, namespace)[0]
 
     def _make_variants(self, fused: FusedPrompt, prompt: PromptLayout, namespace: str, variants: VariantIndex) -> None:
         """Store, for each chunk the context reached strongly here, its KV computed after this request's context."""

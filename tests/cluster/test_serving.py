@@ -204,6 +204,8 @@ def test_a_chat_with_a_system_prompt_reuses_stored_chunks_on_every_turn_streamed
         assert sum(blend["reused_tokens"].values()) >= chunk_tokens  # every chunk, on every turn
         assert usage.prompt_tokens > blend["recomputed_tokens"]
     assert turns[2][2].prompt_tokens > turns[1][2].prompt_tokens > turns[0][2].prompt_tokens  # the turns grow
+    for _, blend, _ in turns[1:]:  # the prefix holding the earlier turns was stored between turns: reused too
+        assert sum(blend["reused_tokens"].values()) > chunk_tokens
 
     refused = [
         ([*messages[:2], {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}, messages[1]],

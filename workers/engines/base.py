@@ -93,6 +93,12 @@ class FusionCore(Protocol):
     def precompute(self, prompt: PromptLayout, namespace: str) -> int:
         """Compute and store the KV of every part not yet cached; returns how many."""
 
+    def store_next_turn(
+        self, conversation: Conversation | None, question: str, answer_ids: list[int], prompt: PromptLayout,
+        namespace: str,
+    ) -> bool:
+        """Store the KV of the prefix the conversation's next turn opens with, where it changes; whether computed."""
+
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
@@ -178,20 +184,27 @@ class BlendResult:
     stats: PrefillStats
 
 
+WriteBack = Callable[[list[int]], None]
+"""What an engine stores once a request's answer ends, given the token ids it generated."""
+
+
 class Generation:
     """A prefilled request: its stats now, its tokens as they are decoded; misses are written back at the end."""
 
-    def __init__(self, stats: PrefillStats, tokens: Iterator[int], write_back: Callable[[], None]) -> None:
+    def __init__(self, stats: PrefillStats, tokens: Iterator[int], write_back: WriteBack) -> None:
         self.stats = stats
         self._tokens = tokens
         self._write_back = write_back
 
     def __iter__(self) -> Iterator[int]:
+        generated: list[int] = []
         try:
-            yield from self._tokens
+            for token_id in self._tokens:
+                generated.append(token_id)
+                yield token_id
         finally:
             # Also when the consumer stops early (a stop string, a closed stream): the KV is already computed.
-            self._write_back()
+            self._write_back(generated)
 
 
 @dataclass(slots=True)
@@ -263,6 +276,16 @@ class Engine(ABC):
         """After a plain answer that missed chunks worth blending next time: store them (off the first token)."""
         if prepared.warms_chunks:
             self.fuser.precompute(prepared.prompt, namespace)
+
+    def store_next_turn(self, request: BlendRequest, prepared: PreparedRequest, generated_ids: list[int]) -> None:
+        """Between turns, for a mode that reads stored KV: the prefix its conversation's next turn opens with."""
+        if not self.fuser.modes[request.mode].reads_chunk_cache:
+            return
+        stops = set(prepared.sampling.stop_token_ids)
+        end = next((i for i, token_id in enumerate(generated_ids) if token_id in stops), len(generated_ids))
+        self.fuser.store_next_turn(
+            request.conversation, request.question, generated_ids[:end], prepared.prompt, request.namespace
+        )
 
     def generate(self, request: BlendRequest) -> BlendResult:
         """Answer one request in full; misses are written back after the answer."""

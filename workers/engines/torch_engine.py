@@ -87,9 +87,10 @@ class TorchEngine(Engine):
         ))
         tokens = iter_decode(runner, cache, first_logits, sampling)
 
-        def write_back() -> None:
+        def write_back(generated_ids: list[int]) -> None:
             self.fuser.write_back(fused, prompt, request.namespace)
             self.warm(prepared, request.namespace)
+            self.store_next_turn(request, prepared, generated_ids)
 
         return Generation(stats, tokens, write_back)
 

@@ -30,6 +30,11 @@ class Conversation:
         if self.documents_at not in DOCUMENT_PLACES:
             raise ValueError(f"documents_at must be one of {DOCUMENT_PLACES}, got {self.documents_at!r}")
 
+    def then(self, question: str, answer: str) -> "Conversation":
+        """This conversation one exchange later: `question` asked and `answer` given, as the client sends them back."""
+        return Conversation(self.system, (*self.turns, Turn("user", question), Turn("assistant", answer)),
+                            self.documents_at)
+
     @property
     def is_one_shot(self) -> bool:
         """No system prompt and no earlier turn: the prompt is laid out as a single question."""

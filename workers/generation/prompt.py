@@ -80,6 +80,16 @@ class PromptTemplate:
         own = self.chunks_after == "request_prefix" or prefix_ids == self._default_prefix_ids
         return PromptLayout(prefix_ids, chunk_ids, self._encode(tail), None if own else self._default_prefix_ids)
 
+    def next_turn_prefix(self, conversation: Conversation | None, question: str, answer: str) -> list[int] | None:
+        """The prefix ids the conversation's next turn opens with once `answer` to `question` is sent back.
+
+        None where the next turn's prefix is this one's: documents before the conversation, or no conversation.
+        With the documents before the last question the prefix holds every earlier turn, so it grows each turn.
+        """
+        if conversation is None or conversation.documents_at != "last":
+            return None
+        return self._encode(self._frame(conversation.then(question, answer), "")[0])
+
     def _frame(self, conversation: Conversation, question: str) -> tuple[str, str]:
         """The prompt's text before and after the documents."""
         asked = [(t.role, self._asked(t.text) if t.role == "user" else t.text) for t in conversation.turns]

@@ -34,8 +34,7 @@ class TextStream:
         return "" if self.stopped else self._emit(self._text())
 
     def _text(self) -> str:
-        # Leading whitespace is dropped, as the non-streaming answer does.
-        return self._tokenizer.decode(self._token_ids, skip_special_tokens=True).lstrip()
+        return answer_text(self._tokenizer, self._token_ids)
 
     def _held_back(self, text: str) -> int:
         """Characters at the end that could be the start of a stop string or of a cut character."""
@@ -47,6 +46,11 @@ class TextStream:
         delta = text[self._num_emitted_chars :]
         self._num_emitted_chars = max(self._num_emitted_chars, len(text))
         return delta
+
+
+def answer_text(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> str:
+    """The text a client is streamed for these generated ids (leading whitespace dropped, as the answer does)."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True).lstrip()
 
 
 def _borders(stop: str) -> list[int]:

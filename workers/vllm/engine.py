@@ -20,6 +20,7 @@ from workers.engines.base import (
     PrefillStats,
     PreparedRequest,
     StoredChunk,
+    WriteBack,
     prefill_stats,
 )
 from workers.fuser import FusedPrompt, Fuser
@@ -212,16 +213,16 @@ class VLLMEngine(Engine):
         finally:
             self._loop.abort(stream)  # no-op once vLLM finished it
 
-    def _write_back(
-        self, prepared: PreparedRequest, request: BlendRequest, submitted: _Submitted
-    ) -> Callable[[], None]:
+    def _write_back(self, prepared: PreparedRequest, request: BlendRequest, submitted: _Submitted) -> WriteBack:
         fused, prompt = submitted.fused, prepared.prompt
 
-        def write_back() -> None:
+        def write_back(generated_ids: list[int]) -> None:
             if fused is not None and self.fuser.has_write_back(fused):
                 self._loop.call(lambda: self.fuser.write_back(fused, prompt, request.namespace))
             if prepared.warms_chunks:
                 self._loop.call(lambda: self.warm(prepared, request.namespace))
+            if request.conversation is not None:
+                self._loop.call(lambda: self.store_next_turn(request, prepared, generated_ids))
 
         return write_back
 

@@ -75,3 +75,14 @@ def test_without_a_chat_template_turns_are_plain_text(checkpoint: Checkpoint) ->
     text = checkpoint.tokenizer.decode(chat.token_ids)
     assert text.startswith(SYSTEM + "\n\n" + DEFAULT_INSTRUCTION) and text.endswith("What is Beta?\nAnswer:")
     assert "A city.\n\n" in text
+
+
+def test_the_next_turns_prefix_is_this_conversation_one_exchange_later(checkpoint: Checkpoint) -> None:
+    template = PromptTemplate(checkpoint.tokenizer)
+    chat = Conversation("You answer in a few words.", (Turn("user", "Who built it?"), Turn("assistant", "Eiffel.")))
+    following = template.layout(["doc one", "doc two"], "Where is it?", chat.then("When was it built?", "In 1889."))
+    assert template.next_turn_prefix(chat, "When was it built?", "In 1889.") == following.prefix_ids
+    assert "In 1889." in checkpoint.tokenizer.decode(following.prefix_ids)
+    assert template.next_turn_prefix(None, "q?", "a.") is None  # a single question: none is laid out ahead
+    at_start = Conversation("You answer in a few words.", documents_at="start")
+    assert template.next_turn_prefix(at_start, "q?", "a.") is None  # the prefix stays this turn's

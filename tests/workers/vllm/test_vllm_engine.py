@@ -294,3 +294,21 @@ def test_a_conversations_next_turn_reads_its_fused_context_and_earlier_turn_from
     assert stats.recomputed_tokens == stats.num_prompt_tokens - hit
     other = vllm_engine.open(replace(turn, question="Where was it?", conversation=later, recompute_ratio=0.3))
     assert list(other) and "prefix_cache" not in other.stats.reused_tokens_by_tier  # another fusion's salt
+
+
+def test_with_the_documents_last_the_next_turn_reads_its_prefix_stored_between_turns(vllm_engine, records) -> None:
+    docs, question = records[1]
+    vllm_engine.store_documents(docs, "chat-last")
+    chat = Conversation(system="You answer in a few words.")  # documents before the last question: the default
+    turn = BlendRequest(docs, question, "cacheblend", 0.25, SamplingParams(max_new_tokens=NUM_TOKENS), "chat-last",
+                        conversation=chat)
+    first = vllm_engine.open(turn)
+    answer = vllm_engine.tokenizer.decode(list(first), skip_special_tokens=True).lstrip()
+    later = replace(turn, question="Where was it?", conversation=chat.then(question, answer))
+    prompt = vllm_engine.fuser.layout(docs, later.question, later.conversation)
+    assert answer in vllm_engine.tokenizer.decode(prompt.prefix_ids)  # the first exchange sits before the documents
+    assert vllm_engine.fuser.missed_tokens(prompt, "chat-last") == 0
+    second = vllm_engine.open(later)
+    assert list(second)
+    assert second.stats.reused_tokens == second.stats.context_tokens  # the prefix from the store, every chunk too
+    assert "prefix_cache" not in second.stats.reused_tokens_by_tier  # blended: the documents follow new tokens
