@@ -22,7 +22,7 @@ from cluster.bench.serve import cpu_model
 from workers.engines.base import BlendRequest
 from workers.evaluation.dataset import load_records
 from workers.generation.conversation import Conversation
-from workers.generation.sampling import SamplingParams
+from workers.generation.sampling import SamplingParams, until_stop
 from workers.generation.text_stream import answer_text
 from workers.model.default import prepare_default_model
 from workers.model.dtype import measured_on, resolve_dtype
@@ -57,7 +57,7 @@ def conversation(engine: "VLLMEngine", documents: list[str], question: str, turn
             ttft_s, recomputed, generated = timed_turn(engine, request, variant)
             row[variant] = {"ttft_s": ttft_s, "recomputed_tokens": recomputed}
         rows.append(row)
-        answer = answer_text(engine.tokenizer, [t for t in generated if t not in engine.stop_token_ids])
+        answer = answer_text(engine.tokenizer, until_stop(generated, engine.stop_token_ids))
         request = replace(request, question=FOLLOW_UPS[index % len(FOLLOW_UPS)],
                           conversation=request.conversation.then(request.question, answer or "I do not know."))
     return rows

@@ -13,7 +13,7 @@ from workers.fusion.base import FusionMode
 from workers.fusion.baselines.full_prefill import FullPrefill
 from workers.generation.conversation import Conversation
 from workers.generation.prompt import PromptLayout
-from workers.generation.sampling import SamplingParams
+from workers.generation.sampling import SamplingParams, until_stop
 from workers.loading.planner import RequestPlanner
 from workers.loading.request_plan import BLEND_PLAN, PLAIN_PLAN, RequestPlan
 from workers.model.runner import ModelRunner
@@ -279,13 +279,11 @@ class Engine(ABC):
 
     def store_next_turn(self, request: BlendRequest, prepared: PreparedRequest, generated_ids: list[int]) -> None:
         """Between turns, for a mode that reads stored KV: the prefix its conversation's next turn opens with."""
-        if not self.fuser.modes[request.mode].reads_chunk_cache:
+        if request.conversation is None or not self.fuser.modes[request.mode].reads_chunk_cache:
             return
-        stops = set(prepared.sampling.stop_token_ids)
-        end = next((i for i, token_id in enumerate(generated_ids) if token_id in stops), len(generated_ids))
-        self.fuser.store_next_turn(
-            request.conversation, request.question, generated_ids[:end], prepared.prompt, request.namespace
-        )
+        answer_ids = until_stop(generated_ids, prepared.sampling.stop_token_ids)
+        self.fuser.store_next_turn(request.conversation, request.question, answer_ids, prepared.prompt,
+                                   request.namespace)
 
     def generate(self, request: BlendRequest) -> BlendResult:
         """Answer one request in full; misses are written back after the answer."""

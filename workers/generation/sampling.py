@@ -22,6 +22,12 @@ class SamplingParams:
         check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
 
 
+def until_stop(token_ids: list[int], stop_token_ids: tuple[int, ...]) -> list[int]:
+    """The generated ids before the first stop token: the answer a client is shown."""
+    stops = set(stop_token_ids)
+    return next((token_ids[:i] for i, token_id in enumerate(token_ids) if token_id in stops), token_ids)
+
+
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick one token id from float32 logits. # [V] -> int"""
     logits = logits.cpu()  # the generator is a CPU one, wherever the model runs

@@ -221,8 +221,7 @@ class VLLMEngine(Engine):
                 self._loop.call(lambda: self.fuser.write_back(fused, prompt, request.namespace))
             if prepared.warms_chunks:
                 self._loop.call(lambda: self.warm(prepared, request.namespace))
-            if request.conversation is not None:
-                self._loop.call(lambda: self.store_next_turn(request, prepared, generated_ids))
+            self._loop.call(lambda: self.store_next_turn(request, prepared, generated_ids))
 
         return write_back
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from workers.generation.sampling import SamplingParams, next_token
+from workers.generation.sampling import SamplingParams, next_token, until_stop
 
 
 def test_greedy_picks_the_argmax() -> None:
@@ -30,3 +30,9 @@ def test_a_seed_repeats_the_same_samples() -> None:
 def test_invalid_sampling_parameters_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_the_answer_ends_before_the_first_stop_token() -> None:
+    assert until_stop([5, 6, 2, 7, 2], (2, 9)) == [5, 6]
+    assert until_stop([5, 6], (2,)) == [5, 6]
+    assert until_stop([9], (2, 9)) == []
