@@ -159,3 +159,13 @@ class FusionMode(ABC):
 def all_positions(layout: BlendLayout) -> torch.Tensor:
     """Every position whose KV the pass computes."""
     return torch.arange(layout.kv_end)
+
+
+def inexact_positions(layout: BlendLayout) -> torch.Tensor:
+    """Every position whose KV the pass computes but the leading exact run (BlendLayout.exact_end), and the forced.
+
+    The exact run's cached KV is what a full prefill computes there, so recomputing it changes nothing.
+    """
+    keep = torch.ones(layout.kv_end, dtype=torch.bool)
+    keep[: layout.exact_end()] = False
+    return (keep | layout.forced).nonzero().squeeze(1)

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.fusion.base import FusionMode
+from workers.fusion.base import FusionMode, inexact_positions
 from workers.fusion.deviation import keep_top_spans, kv_deviation, ratio_count
 from workers.fusion.layer_feed import LayerFeed
 from workers.fusion.layout import BlendLayout
@@ -25,7 +25,8 @@ class _RequestRatio:
 
 
 class CacheBlend(FusionMode):
-    """Layer 0 in full; at each filter layer rank the still-recomputed tokens by KV deviation and keep the top.
+    """Layer 0 in full but for the exact leading run; at each filter layer rank the still-recomputed tokens by KV
+    deviation and keep the top.
 
     At the first filter layer (the check layer) a request whose deviation is not concentrated enough for
     the recompute_ratio (FusionOptions.fallback.min_coverage) runs at a higher recompute_ratio, or in full.
@@ -52,6 +53,9 @@ class CacheBlend(FusionMode):
         result.check_coverage = state.coverage
         return result
 
+    def initial(self, layout: BlendLayout, recompute_ratio: float) -> torch.Tensor:
+        return inexact_positions(layout)
+
     def narrow(self, step: LayerStep, recompute_ratio: float) -> torch.Tensor | None:
         return self._narrow(step, _RequestRatio(recompute_ratio))
 
@@ -61,10 +65,15 @@ class CacheBlend(FusionMode):
             return None
         multiplier = opts.filter_multipliers[opts.filter_layers.index(step.layer)]
         forced = step.layout.forced[step.positions]
-        num_reusable = int((~step.layout.forced).sum())
+        budget = step.layout.budget_mask()
+        in_budget = budget[step.positions]
+        num_reusable = int(budget.sum())
         deviation = step_deviation(step, opts.deviation_metric)
         if step.layer == opts.filter_layers[0]:
-            reusable = deviation[~forced]
+            # A chunk in the exact run the pass skipped deviates by nothing: counted, so the coverage is of every
+            # chunk token, wherever the exact run ends.
+            skipped = deviation.new_zeros(num_reusable - int(in_budget.sum()))
+            reusable = torch.cat([deviation[in_budget], skipped])
             state.coverage = coverage(
                 reusable, ratio_count(min(1.0, state.recompute_ratio * multiplier), reusable.numel())
             )

@@ -123,6 +123,17 @@ class BlendLayout:
             end = seg.end
         return min(end, self.kv_end)
 
+    def budget_mask(self) -> torch.Tensor:
+        """The tokens a recompute ratio is a share of: the cached chunks' unforced ones. # [kv_end] bool
+
+        A cached prefix sits where it was computed and is never blended, so it takes no share: a conversation's
+        growing prefix leaves the documents' budget as it is.
+        """
+        mask = torch.zeros(self.kv_end, dtype=torch.bool)
+        for seg in self.chunk_segments():
+            mask[seg.start : seg.end] = True
+        return mask & ~self.forced
+
     def cached_segments(self) -> list[Segment]:
         """Every segment with cached KV to place (prefix and chunks), in order."""
         return [s for s in self.segments if s.cached is not None]

@@ -51,7 +51,10 @@ def test_last_layer_attends_only_for_the_last_token_and_matches_full_prefill(che
 
 
 def blended_work(checkpoint: Checkpoint, runner: ModelRunner, options: FusionOptions, ratio: float) -> tuple[int, int]:
-    """Token-layers whose K/V cacheblend recomputed for two cached chunks + a question, and the chunks' size."""
+    """Token-layers whose K/V cacheblend recomputed for two cached chunks + a question, and the chunks' size.
+
+    The first chunk sits where its KV was computed (position 0, no prefix): exact, so never recomputed.
+    """
     chunks = [encode(checkpoint, text) for text in CHUNKS]
     prompt = PromptLayout([], chunks, encode(checkpoint, QUESTION))
     layout = BlendLayout.build(prompt, [compute_chunk_kv(runner, ids) for ids in chunks], None)
@@ -65,7 +68,9 @@ def test_one_check_layer_keeps_the_ratio_from_layer_one_on(checkpoint: Checkpoin
     single, num_chunk_tokens = blended_work(checkpoint, runner, FusionOptions(selection_span_tokens=1), ratio)
     gradual_options = FusionOptions(selection_span_tokens=1).with_gradual_filtering()
     gradual, _ = blended_work(checkpoint, runner, gradual_options, ratio)
-    kept = ratio_count(ratio, num_chunk_tokens)
-    # layer 0 in full, the check layer's K/V for every chunk token, then the kept tokens at every later layer
-    assert single == 2 * num_chunk_tokens + (num_layers - 2) * kept
-    assert gradual == 2 * num_chunk_tokens + ratio_count(2 * ratio, num_chunk_tokens) + (num_layers - 3) * kept
+    kept = ratio_count(ratio, num_chunk_tokens)  # the budget counts every reusable token, the exact ones too
+    inexact = num_chunk_tokens - len(encode(checkpoint, CHUNKS[0]))
+    # layer 0 and the check layer's K/V for every inexact chunk token, then the kept tokens at every later layer
+    assert single == 2 * inexact + (num_layers - 2) * kept
+    second = min(inexact, ratio_count(2 * ratio, num_chunk_tokens))  # twice the ratio, of the inexact tokens at most
+    assert gradual == 2 * inexact + second + (num_layers - 3) * kept
