@@ -6,7 +6,7 @@ Steps (each writes one JSON under --out):
   output token each, all submitted at once so vLLM batches them;
 - `scaling`: a subset on one Ray node with one CPU and one single-threaded actor, on two loopback nodes with one CPU
   and one such actor each, and the machine's ceiling: two independent processes running the same forward loop
-  (one thread each) side by side, and one such process alone.
+  (one thread each) side by side, and one such process alone (`--nodes 2`: the two-node pair only).
 Passage tokens count what each system computes for the passages (the shared prefix is left out of both).
 """
 import argparse
@@ -157,7 +157,7 @@ def _cluster_ingest(corpus: Path, num_nodes: int, dtype: str) -> dict[str, Any]:
 
 
 def scaling_step(args: argparse.Namespace) -> dict[str, Any]:
-    """One node and one actor, two nodes and two actors, against one and two forward-loop processes."""
+    """For each node count n: ingest on n single-CPU nodes against n forward-loop processes side by side."""
     from workers.model.default import prepare_default_model
     from workers.model.dtype import resolve_dtype
 
@@ -165,15 +165,18 @@ def scaling_step(args: argparse.Namespace) -> dict[str, Any]:
     corpus = Path(tempfile.mkdtemp(dir="/tmp", prefix="bc-")) / "corpus.jsonl"
     write_corpus(corpus, args.limit)
     result = {"num_passages": args.limit, **measured_on(dtype)}
-    result["one_process"] = _copies(args.limit, 1, dtype)
-    result["two_processes"] = _copies(args.limit, 2, dtype)
-    for nodes in (1, 2):
+    names = {1: "one_process", 2: "two_processes"}
+    for nodes in args.nodes:
+        result[names.get(nodes, f"{nodes}_processes")] = _copies(args.limit, nodes, dtype)
+    for nodes in args.nodes:
         summary = _cluster_ingest(corpus, nodes, dtype)
         result[f"ingest_{nodes}_node"] = {"tokens_per_s": summary["tokens_per_s"], "summary": summary}
-    result["two_nodes_vs_ceiling"] = round(result["ingest_2_node"]["tokens_per_s"]
-                                           / result["two_processes"]["tokens_per_s"], 3)
-    result["two_nodes_vs_one"] = round(result["ingest_2_node"]["tokens_per_s"]
-                                       / result["ingest_1_node"]["tokens_per_s"], 3)
+    if 2 in args.nodes:
+        result["two_nodes_vs_ceiling"] = round(result["ingest_2_node"]["tokens_per_s"]
+                                               / result["two_processes"]["tokens_per_s"], 3)
+    if {1, 2} <= set(args.nodes):
+        result["two_nodes_vs_one"] = round(result["ingest_2_node"]["tokens_per_s"]
+                                           / result["ingest_1_node"]["tokens_per_s"], 3)
     return result
 
 
@@ -186,6 +189,8 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2, help="ingest: the local Ray's CPUs.")
     parser.add_argument("--actors", type=int, default=None, help="ingest: actors (default: one per CPU).")
     parser.add_argument("--threads", type=int, default=1, help="ingest: threads per actor.")
+    parser.add_argument("--nodes", type=lambda v: [int(n) for n in v.split(",")], default=[1, 2],
+                        help="scaling: the node counts to measure, e.g. 2 (default 1,2).")
     parser.add_argument("--vllm-batch-tokens", type=int, default=8192, help="vllm: max_num_batched_tokens.")
     args = parser.parse_args()
     if args.step == "scaling" and args.limit is None:
