@@ -26,6 +26,7 @@ from workers.model.dtype import measured_on
 
 POOL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "2wiki_pool"
 TENANT = "bench"
+CEILING_KEYS = {1: "one_process", 2: "two_processes"}  # scaling: the forward-loop copies beside n nodes
 
 
 def write_corpus(path: Path, limit: int | None = None) -> list[str]:
@@ -165,9 +166,8 @@ def scaling_step(args: argparse.Namespace) -> dict[str, Any]:
     corpus = Path(tempfile.mkdtemp(dir="/tmp", prefix="bc-")) / "corpus.jsonl"
     write_corpus(corpus, args.limit)
     result = {"num_passages": args.limit, **measured_on(dtype)}
-    names = {1: "one_process", 2: "two_processes"}
     for nodes in args.nodes:
-        result[names.get(nodes, f"{nodes}_processes")] = _copies(args.limit, nodes, dtype)
+        result[CEILING_KEYS[nodes]] = _copies(args.limit, nodes, dtype)
     for nodes in args.nodes:
         summary = _cluster_ingest(corpus, nodes, dtype)
         result[f"ingest_{nodes}_node"] = {"tokens_per_s": summary["tokens_per_s"], "summary": summary}
@@ -190,11 +190,13 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=None, help="ingest: actors (default: one per CPU).")
     parser.add_argument("--threads", type=int, default=1, help="ingest: threads per actor.")
     parser.add_argument("--nodes", type=lambda v: [int(n) for n in v.split(",")], default=[1, 2],
-                        help="scaling: the node counts to measure, e.g. 2 (default 1,2).")
+                        help="scaling: the node counts to measure, of 1 and 2 (default 1,2).")
     parser.add_argument("--vllm-batch-tokens", type=int, default=8192, help="vllm: max_num_batched_tokens.")
     args = parser.parse_args()
     if args.step == "scaling" and args.limit is None:
         parser.error("scaling needs --limit")
+    if not set(args.nodes) <= CEILING_KEYS.keys():
+        parser.error(f"--nodes takes node counts of {sorted(CEILING_KEYS)}, got {args.nodes}")
     step = {"ingest": ingest_step, "vllm": vllm_step, "scaling": scaling_step}[args.step]
     result = {"command": " ".join(sys.argv), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               **step(args)}
