@@ -1,7 +1,8 @@
 """One level of a tiered store: a tier, its eviction policy and its counters."""
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -12,7 +13,7 @@ from kvplane.compression.verdicts import CompressionGate, OpenGate
 from kvplane.eviction.policy import EvictionPolicy
 from kvplane.stats import TierStats
 from kvplane.tiers.breaker import Breaker
-from kvplane.tiers.tier import Tier, TierError
+from kvplane.tiers.tier import BatchedTier, Tier, TierError
 
 PlacementListener = Callable[[str, str, int], None]
 """Told (key, tier name, bytes) when a tier gains a key, and (key, tier name, 0) when it loses one."""
@@ -47,6 +48,11 @@ class Level:
         self._listener = listener
         self._reads = Breaker()
         self._writes = Breaker()
+        # A tier with batched calls writes an admitted batch in one of them; any other tier, key by key.
+        batched = isinstance(tier, BatchedTier)
+        self._write = self._write_batch if batched else self._write_each
+        self._contains_many = cast(BatchedTier, tier).contains_many if batched else self._contains_each
+        self._labels_of = cast(BatchedTier, tier).labels_of if batched else self._labels_each
 
     @property
     def name(self) -> str:
@@ -65,36 +71,69 @@ class Level:
 
     def place(self, key: str, blob: torch.Tensor, priority: float) -> tuple[bool, list[str]]:
         """Offer `blob` through the policy: whether the tier holds it now, and the keys it evicted."""
+        return self.place_many([(key, blob, priority)])[0]
+
+    def place_many(self, items: Sequence[tuple[str, torch.Tensor, float]]) -> list[tuple[bool, list[str]]]:
+        """`place` of each `(key, blob, priority)`; the admitted ones written together where the tier allows."""
         if not self._writes.allows():
             with self.lock:
-                self.stats.skipped += 1
-            return False, []
+                self.stats.skipped += len(items)
+            return [(False, [])] * len(items)
+        placed: list[tuple[bool, list[str]]] = []
+        admitted: list[tuple[int, str, torch.Tensor]] = []
+        for key, blob, priority in items:
+            held, to_write, victims = self._admit(key, blob, priority)
+            if to_write is not None:
+                admitted.append((len(placed), key, to_write))
+            placed.append((held, victims))
+        for index, written in self._write([(key, blob) for _, key, blob in admitted]):
+            slot = admitted[index][0]
+            placed[slot] = (written, placed[slot][1])
+        return placed
+
+    def _admit(
+        self, key: str, blob: torch.Tensor, priority: float
+    ) -> tuple[bool, torch.Tensor | None, list[str]]:
+        """Whether the tier holds `key` already, the blob to write (as kept here) if the policy admits it, and the
+        keys the admission evicted."""
         with self.lock:
             if self.policy.contains(key):
-                return True, []
+                return True, None, []
         blob = self._compressed(key, blob)  # outside the lock: compressing a chunk takes milliseconds
         with self.lock:
             if self.policy.contains(key):  # placed by another thread meanwhile
-                return True, []
+                return True, None, []
             victims = self.policy.admit(key, blob.numel(), priority)
             admitted = key not in victims
             self.stats.rejections += not admitted
             self.stats.evictions += len(victims) - (not admitted)
-        victims = [victim for victim in victims if victim != key]
-        if not admitted:
-            return False, victims
+        return False, (blob if admitted else None), [victim for victim in victims if victim != key]
+
+    def _write_each(self, items: list[tuple[str, torch.Tensor]]) -> list[tuple[int, bool]]:
+        """Write admitted blobs one call each; (index, whether written) for each."""
+        return [(index, self._write_batch([item])[0][1]) for index, item in enumerate(items)]
+
+    def _write_batch(self, items: list[tuple[str, torch.Tensor]]) -> list[tuple[int, bool]]:
+        """Write admitted blobs in one tier call; a failure un-admits them all."""
+        if not items:
+            return []
         try:
-            self.tier.put(key, blob)
+            if len(items) == 1:
+                self.tier.put(*items[0])
+            else:
+                cast(BatchedTier, self.tier).put_many(items)  # only a batched tier is handed several
         except TierError as err:
             with self.lock:
-                self.policy.remove(key)
+                for key, _ in items:
+                    self.policy.remove(key)
             self._failed(self._writes, "writes", err)
-            return False, victims
+            return [(index, False) for index in range(len(items))]
         self._succeeded(self._writes, "writes")
         with self.lock:
-            self.stats.bytes_written += blob.numel()
-        self._listener(key, self.name, blob.numel())
-        return True, victims
+            self.stats.bytes_written += sum(blob.numel() for _, blob in items)
+        for key, blob in items:
+            self._listener(key, self.name, blob.numel())
+        return [(index, True) for index in range(len(items))]
 
     def _compressed(self, key: str, blob: torch.Tensor) -> torch.Tensor:
         """`blob` compressed as this level keeps entries (as it is when it is compressed already, or cannot be)."""
@@ -157,6 +196,40 @@ class Level:
         except TierError as err:
             self.count_error(err)
             return None
+
+    def labels_of(self, keys: Sequence[str]) -> list[str | None]:
+        """`label_of` of each key, in one tier call where the tier allows."""
+        try:
+            inner = self._labels_of(keys)
+        except TierError as err:
+            self.count_error(err)
+            inner = [None] * len(keys)
+        own = [i for i, label in enumerate(inner) if label == self.name]
+        held = self.holds_many([keys[i] for i in own])
+        for i, is_held in zip(own, held):
+            inner[i] = self.name if is_held else None
+        return inner
+
+    def holds_many(self, keys: Sequence[str]) -> list[bool]:
+        """`holds` of each key; the keys the policy does not know asked of the tier in one call where it allows."""
+        with self.lock:
+            held = [self.policy.contains(key) for key in keys]
+        unknown = [i for i, is_held in enumerate(held) if not is_held]
+        if unknown and self._reads.allows():
+            try:
+                found = self._contains_many([keys[i] for i in unknown])
+            except TierError as err:
+                self._failed(self._reads, "reads", err)
+                found = [False] * len(unknown)
+            for i, present in zip(unknown, found):
+                held[i] = present is True
+        return held
+
+    def _contains_each(self, keys: Sequence[str]) -> list[bool]:
+        return [self.tier.contains(key) for key in keys]
+
+    def _labels_each(self, keys: Sequence[str]) -> list[str | None]:
+        return [self.tier.label_of(key) for key in keys]
 
     def holds(self, key: str) -> bool:
         """Whether the policy or, failing that, the tier itself knows `key`."""

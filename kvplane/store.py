@@ -121,15 +121,30 @@ class TieredStore:
         """Store a chunk; `priority` (>= 0, default 1) scales how hard frequency-aware tiers keep it."""
         self.put_blob(entry.key, encode(entry, priority))
 
+    def put_many(self, entries: Sequence[KVEntry], priority: float = 1.0) -> None:
+        """Store several chunks; a top tier over the node shards takes them in one call per shard."""
+        self.put_blobs([(entry.key, encode(entry, priority)) for entry in entries])
+
     def put_blob(self, key: str, blob: torch.Tensor) -> None:
         """Store an encoded chunk: the top tier now, every lower tier in the background. Keeps `blob`."""
-        header = read_header(blob)
-        if header.key != key:
-            raise ValueError(f"blob holds {header.key}, not {key}")
-        self._place(0, key, blob, header.priority)
+        self.put_blobs([(key, blob)])
+
+    def put_blobs(self, items: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Store encoded chunks `(key, blob)`: the top tier now, every lower tier in the background. Keeps them."""
+        priorities = []
+        for key, blob in items:
+            header = read_header(blob)
+            if header.key != key:
+                raise ValueError(f"blob holds {header.key}, not {key}")
+            priorities.append(header.priority)
+        placed = self._levels[0].place_many([(key, blob, p) for (key, blob), p in zip(items, priorities)])
+        for _, victims in placed:
+            for victim in victims:
+                self._evict(0, victim)
         if len(self._levels) > 1:
-            # Refused when the lower tiers lag too far behind: they miss this chunk, memory stays bounded.
-            self._writer.submit(self._write_back, key, blob, header.priority, nbytes=blob.numel())
+            for (key, blob), priority in zip(items, priorities):
+                # Refused when the lower tiers lag too far behind: they miss this chunk, memory stays bounded.
+                self._writer.submit(self._write_back, key, blob, priority, nbytes=blob.numel())
 
     def get(self, key: str) -> KVEntry | None:
         """The whole chunk from the fastest tier holding it, or None. The tensor is the caller's own."""
@@ -228,6 +243,24 @@ class TieredStore:
     def contains(self, key: str) -> bool:
         """Whether any tier holds `key`."""
         return self.locate(key) is not None
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """`contains` of each key, each tier asked once for the keys no faster tier holds."""
+        found = [False] * len(keys)
+        remaining = list(range(len(keys)))
+        for level in self._levels:
+            if not remaining:
+                break
+            held = level.holds_many([keys[i] for i in remaining])
+            for i, is_held in zip(remaining, held):
+                found[i] = is_held
+            remaining = [i for i, is_held in zip(remaining, held) if not is_held]
+        return found
+
+    def tiers_holding_many(self, keys: Sequence[str]) -> list[list[str]]:
+        """`tiers_holding` of each key, each tier asked once for them all."""
+        by_level = [level.labels_of(keys) for level in self._levels]
+        return [[label for labels in by_level if (label := labels[i]) is not None] for i in range(len(keys))]
 
     def scan(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """Keys starting with `prefix` in any tier, each once, with its blob size."""

@@ -10,7 +10,14 @@ from workers.chunks.batch_kv import compute_chunks_kv
 from workers.chunks.kv import compute_chunk_kv
 from workers.chunks.lookup import LookupResult, lookup_layout
 from workers.chunks.sources import DEFAULT_CHUNK_CONTEXT, ChunkSource, ChunkSources, prompt_parts
-from workers.chunks.store import DEFAULT_NAMESPACE, ChunkStore, LocalChunkStore, record_impact, stored_impact
+from workers.chunks.store import (
+    DEFAULT_NAMESPACE,
+    ChunkRef,
+    ChunkStore,
+    LocalChunkStore,
+    record_impact,
+    stored_impact,
+)
 from workers.chunks.variants import Variant, VariantIndex, chunk_keys
 from workers.engines.base import StoredChunk
 from workers.fusion.base import FusionMode, FusionOptions
@@ -134,9 +141,10 @@ class Fuser:
         stored = [StoredChunk(len(ids), was_computed) for ids, was_computed in zip(prompt.chunk_ids, computed)]
         self.store.flush()
         context = self._context_ids(False, prompt)
-        for chunk, ids in zip(stored, prompt.chunk_ids):
-            chunk.key = self.store.key(ids, context, namespace)
-            chunk.tiers = self.store.tiers_of(ids, context, namespace)
+        refs = [ChunkRef(ids, context, namespace) for ids in prompt.chunk_ids]
+        for chunk, ref, tiers in zip(stored, refs, self.store.tiers_of_many(refs)):
+            chunk.key = self.store.key(*ref)
+            chunk.tiers = tiers
         return stored
 
     def fuse(
@@ -276,24 +284,22 @@ class Fuser:
 
         The missing versions that share a context are computed together, several per forward pass.
         """
-        missing: dict[tuple[tuple[int, ...], bool], list[tuple[list[int], ChunkSource]]] = {}
-        computed = []
+        versions: list[tuple[int, list[int], ChunkSource]] = []  # (part, its ids, a version of it)
         seen: set[tuple[tuple[int, ...], bool]] = set()
-        for ids, is_prefix in parts:
-            first = (tuple(ids), is_prefix) not in seen  # a document sent twice is computed once, for the first
-            seen.add((tuple(ids), is_prefix))
-            absent = [
-                source
-                for source in self.sources.versions(is_prefix, prompt, namespace)
-                if first and not self.store.contains(ids, source.context_ids, source.namespace)
-            ]
-            for source in absent:
+        for part, (ids, is_prefix) in enumerate(parts):
+            if (tuple(ids), is_prefix) not in seen:  # a document sent twice is computed once, for the first
+                seen.add((tuple(ids), is_prefix))
+                versions += [(part, ids, source) for source in self.sources.versions(is_prefix, prompt, namespace)]
+        held = self.store.contains_many([ChunkRef(ids, s.context_ids, s.namespace) for _, ids, s in versions])
+        missing: dict[tuple[tuple[int, ...], bool], list[tuple[list[int], ChunkSource]]] = {}
+        computed = [False] * len(parts)
+        for (part, ids, source), is_held in zip(versions, held):
+            if not is_held:
                 missing.setdefault((tuple(source.context_ids), source.hides_context), []).append((ids, source))
-            computed.append(bool(absent))
+                computed[part] = True
         for (context, hides_context), wanted in missing.items():
             chunks = compute_chunks_kv(self.runner, [ids for ids, _ in wanted], context, hides_context)
-            for chunk, (_, source) in zip(chunks, wanted):
-                self.store.put(chunk, source.context_ids, source.namespace)
+            self.store.put_many([(chunk, s.context_ids, s.namespace) for chunk, (_, s) in zip(chunks, wanted)])
         return computed
 
 

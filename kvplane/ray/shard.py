@@ -161,6 +161,11 @@ class ShardServer:
         """Store an encoded chunk (copied out of the read-only object-store view into the shard's memory)."""
         self._store.put_blob(key, owned_blob(blob))
 
+    def put_many(self, keys: list[str], blobs: list[np.ndarray]) -> None:
+        """Store several encoded chunks: one call and one object-store transfer for the lot."""
+        for key, blob in zip(keys, blobs, strict=True):
+            self.put(key, blob)
+
     def read(self, key: str, start: int = 0, end: int | None = None) -> np.ndarray | None:
         """Encoded bytes `[start, end)` of `key`, or None."""
         data = self._store.read(key, start, end)
@@ -183,6 +188,14 @@ class ShardServer:
     def locate(self, key: str) -> str | None:
         """Which of this shard's tiers holds `key`."""
         return self._store.locate(key)
+
+    def contains_many(self, keys: list[str]) -> list[bool]:
+        """Whether this shard holds each key."""
+        return [self._store.contains(key) for key in keys]
+
+    def locate_many(self, keys: list[str]) -> list[str | None]:
+        """Which of this shard's tiers holds each key."""
+        return [self._store.locate(key) for key in keys]
 
     def scan(self, prefix: str = "") -> list[tuple[str, int]]:
         """Keys held here that start with `prefix`, with sizes."""

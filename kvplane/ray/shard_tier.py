@@ -1,6 +1,6 @@
 """The node shards seen as one tier of a worker's store."""
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ray
@@ -49,6 +49,40 @@ class ShardTier:
         while (home := self._directory.home(key)) is not None:
             if self._call(home, lambda shard: shard.put.remote(key, payload)) is not _UNREACHABLE:
                 return
+
+    def put_many(self, items: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Store each blob on its key's home shard: one call per shard, all shards at once."""
+        keys = [key for key, _ in items]
+        payloads = [blob.cpu().numpy() for _, blob in items]
+        pending = list(range(len(items)))
+        while pending:  # the items of a shard found dead go to their keys' next home
+            answers = self._call_homes(
+                [keys[i] for i in pending],
+                lambda shard, ids: shard.put_many.remote([keys[pending[i]] for i in ids],
+                                                         [payloads[pending[i]] for i in ids]),
+                timeout_per_key=True,
+            )
+            pending = [pending[i] for _, ids, answer in answers if answer is _UNREACHABLE for i in ids]
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key's home shard holds it: one call per shard."""
+        found = [False] * len(keys)
+        for _, ids, answer in self._call_homes(keys, lambda shard, ids: shard.contains_many.remote(
+                [keys[i] for i in ids])):
+            if answer is not _UNREACHABLE:
+                for i, held in zip(ids, answer):
+                    found[i] = held is True
+        return found
+
+    def labels_of(self, keys: Sequence[str]) -> list[str | None]:
+        """`label_of` of each key: one call per shard."""
+        labels: list[str | None] = [None] * len(keys)
+        for name, ids, answer in self._call_homes(keys, lambda shard, ids: shard.locate_many.remote(
+                [keys[i] for i in ids])):
+            if answer is not _UNREACHABLE:
+                for i, tier in zip(ids, answer):
+                    labels[i] = None if tier is None else self._label(name, tier)
+        return labels
 
     def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
         """Bytes from the home shard, copied once out of the read-only object-store view."""
@@ -107,8 +141,27 @@ class ShardTier:
 
     def _call(self, home: tuple[str, ActorHandle], call: Callable[[ActorHandle], ObjectRef]) -> Any:
         name, shard = home
+        return self._answer(name, call(shard))
+
+    def _call_homes(
+        self, keys: Sequence[str], call: Callable[[ActorHandle, list[int]], ObjectRef], timeout_per_key: bool = False
+    ) -> list[tuple[str, list[int], Any]]:
+        """`call(shard, indices of its keys)` sent to every home shard at once; (shard, indices, answer) for each."""
+        # Keys with no live home are left out, as a single call to no shard is. A call that moves every key's
+        # bytes (a batch of puts) may take the single call's time limit once per key before the shard counts as hung.
+        groups: dict[str, tuple[ActorHandle, list[int]]] = {}
+        for index, key in enumerate(keys):
+            home = self._directory.home(key)
+            if home is not None:
+                groups.setdefault(home[0], (home[1], []))[1].append(index)
+        sent = [(name, ids, call(shard, ids)) for name, (shard, ids) in groups.items()]
+        return [(name, ids, self._answer(name, ref, self._timeout_s * (len(ids) if timeout_per_key else 1)))
+                for name, ids, ref in sent]
+
+    def _answer(self, name: str, ref: ObjectRef, timeout_s: float | None = None) -> Any:
+        """The shard's answer, or _UNREACHABLE (the shard marked dead) when it failed or took too long."""
         try:
-            return ray.get(call(shard), timeout=self._timeout_s)
+            return ray.get(ref, timeout=self._timeout_s if timeout_s is None else timeout_s)
         except (RayActorError, GetTimeoutError):
             self._directory.mark_dead(name)
             return _UNREACHABLE

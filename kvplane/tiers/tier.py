@@ -1,6 +1,6 @@
 """The storage interface every tier implements: blobs by key, whole or by byte range."""
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -43,3 +43,17 @@ class Tier(Protocol):
 
     def label_of(self, key: str) -> str | None:
         """Which inner tier holds `key`, or None (a tier over tiers); any other tier answers its own name unasked."""
+
+
+@runtime_checkable
+class BatchedTier(Protocol):
+    """A tier whose every call is a round trip (a Ray shard), so it takes several keys in one call."""
+
+    def put_many(self, items: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Store each `(key, blob)` as `put` does."""
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key is present."""
+
+    def labels_of(self, keys: Sequence[str]) -> list[str | None]:
+        """`label_of` of each key."""

@@ -1,4 +1,5 @@
 """Chunk KV kept in kvplane's tiered store, keyed by content under the model fingerprint and a tenant."""
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -9,7 +10,7 @@ from kvplane.store import TieredStore
 from workers.chunks.impact import ImpactBook
 from workers.chunks.kv import ChunkKV, ChunkLayers
 from workers.chunks.sources import ChunkSources
-from workers.chunks.store import DEFAULT_NAMESPACE
+from workers.chunks.store import DEFAULT_NAMESPACE, ChunkRef
 
 if TYPE_CHECKING:  # annotations only, as in sources.py
     from workers.generation.prompt import PromptLayout
@@ -70,8 +71,23 @@ class KVPlaneChunkStore:
 
     def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         """Write the chunk to the top tier now and to the lower tiers in the background."""
+        self.tiered.put(self._entry(chunk, context_ids, namespace))
+
+    def _entry(self, chunk: ChunkKV, context_ids: list[int], namespace: str) -> KVEntry:
         key = self.key(chunk.token_ids, context_ids, namespace)
-        self.tiered.put(KVEntry(key, chunk.kv.contiguous(), list(chunk.token_ids), self.fingerprint))
+        return KVEntry(key, chunk.kv.contiguous(), list(chunk.token_ids), self.fingerprint)
+
+    def put_many(self, chunks: Sequence[tuple[ChunkKV, list[int], str]]) -> None:
+        """Write several `(chunk, context_ids, namespace)`: over the node shards, one call per shard for them all."""
+        self.tiered.put_many([self._entry(chunk, context_ids, namespace) for chunk, context_ids, namespace in chunks])
+
+    def contains_many(self, refs: Sequence[ChunkRef]) -> list[bool]:
+        """`contains` of each chunk, each tier asked once."""
+        return self.tiered.contains_many([self.key(*ref) for ref in refs])
+
+    def tiers_of_many(self, refs: Sequence[ChunkRef]) -> list[list[str]]:
+        """`tiers_of` of each chunk, each tier asked once."""
+        return self.tiered.tiers_holding_many([self.key(*ref) for ref in refs])
 
     def delete(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         """Drop the chunk from every tier (a variant no longer indexed)."""

@@ -1,6 +1,7 @@
 """The worker's view of cached chunk KV: look up by token ids, the context they were computed after, and a tenant."""
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import xxhash
 
@@ -9,6 +10,14 @@ from workers.chunks.kv import ChunkKV, ChunkLayers
 
 DEFAULT_NAMESPACE = "default"
 LOCAL_TIER = "local"
+
+
+class ChunkRef(NamedTuple):
+    """Where a chunk's KV is filed: its tokens, the context it was computed after, and the tenant."""
+
+    token_ids: list[int]
+    context_ids: list[int]
+    namespace: str = DEFAULT_NAMESPACE
 
 
 class ChunkStore(Protocol):
@@ -38,6 +47,15 @@ class ChunkStore(Protocol):
 
     def contains(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> bool:
         """Whether some tier holds the chunk (asks no slower tier once a faster one has it)."""
+
+    def put_many(self, chunks: Sequence[tuple[ChunkKV, list[int], str]]) -> None:
+        """`put` of each `(chunk, context_ids, namespace)`, in as few round trips as the store can."""
+
+    def contains_many(self, refs: Sequence[ChunkRef]) -> list[bool]:
+        """`contains` of each chunk, in as few round trips as the store can."""
+
+    def tiers_of_many(self, refs: Sequence[ChunkRef]) -> list[list[str]]:
+        """`tiers_of` of each chunk, in as few round trips as the store can."""
 
     def key(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> str:
         """The key the chunk is filed under."""
@@ -89,6 +107,16 @@ class LocalChunkStore:
 
     def contains(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> bool:
         return (namespace, tuple(context_ids), tuple(token_ids)) in self.entries
+
+    def put_many(self, chunks: Sequence[tuple[ChunkKV, list[int], str]]) -> None:
+        for chunk, context_ids, namespace in chunks:
+            self.put(chunk, context_ids, namespace)
+
+    def contains_many(self, refs: Sequence[ChunkRef]) -> list[bool]:
+        return [self.contains(*ref) for ref in refs]
+
+    def tiers_of_many(self, refs: Sequence[ChunkRef]) -> list[list[str]]:
+        return [self.tiers_of(*ref) for ref in refs]
 
     def key(self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> str:
         ids = b"".join(t.to_bytes(4, "little") for t in [*context_ids, -1 & 0xFFFFFFFF, *token_ids])

@@ -76,6 +76,25 @@ def test_a_chunk_put_on_one_node_is_read_on_the_other(shards: dict[str, ActorHan
     assert tiers == {"ram", "ssd"}
 
 
+def test_a_batch_reaches_each_home_shard_and_answers_as_one_by_one(
+    shards: dict[str, ActorHandle], make_entry: EntryFactory
+) -> None:
+    first, _ = node_ids()
+    directory = ShardDirectory.discover()
+    candidates = [make_entry(seed) for seed in range(300, 400)]
+    entries = [e for e in candidates if directory.home(e.key)[0] == shard_name(first)][:6]
+    entries += [e for e in candidates if directory.home(e.key)[0] != shard_name(first)][:6]
+    assert len(entries) == 12  # both shards get a share
+    keys = [e.key for e in entries] + [make_entry(999_999).key]
+    with open_worker_tiered_store(0, directory, local_node_id=first) as store:  # the shards are its top tier
+        store.put_many(entries)
+        assert store.contains_many(keys) == [True] * len(entries) + [False]
+        local = shard_name(first)
+        expected = [["ram" if directory.home(e.key)[0] == local else "remote"] for e in entries] + [[]]
+        assert store.tiers_holding_many(keys) == expected == [store.tiers_holding(key) for key in keys]
+        assert all(torch.equal(store.get(e.key).kv, e.kv) for e in entries)
+
+
 def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle], make_entry: EntryFactory) -> None:
     # Node ids (and so each key's home shard) are new at every Ray start: pick keys that land on both sides.
     victim = shard_name(node_ids()[0])
@@ -92,6 +111,15 @@ def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle
         while True:
             ray.get(shards[victim].ping.remote(), timeout=30)
 
+    # A batch written before anything noticed: the dead shard's share moves to its keys' next home.
+    candidates = [make_entry(seed) for seed in range(500, 600)]
+    batch = [e for e in candidates if directory.home(e.key)[0] == victim][:4]
+    batch += [e for e in candidates if directory.home(e.key)[0] != victim][:4]
+    assert len(batch) == 8
+    with open_worker_tiered_store(0, directory) as writer:
+        writer.put_many(batch)
+        assert all(torch.equal(writer.get(e.key).kv, e.kv) for e in batch)
+
     with open_worker_tiered_store(1, directory) as reader:
         assert all(reader.get(e.key) is None for e in lost)
         assert all(torch.equal(reader.get(e.key).kv, e.kv) for e in kept)
@@ -105,7 +133,7 @@ def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle
     assert set(directory.live()) == set(shards) - {victim}
     assert directory.invalidate(FINGERPRINT) >= len(kept) + 1
     with open_worker_tiered_store(1, directory) as reader:
-        assert all(reader.get(e.key) is None for e in [*kept, newcomer])
+        assert all(reader.get(e.key) is None for e in [*kept, newcomer, *batch])
     index = ray.get_actor(INDEX_ACTOR_NAME, namespace=RAY_NAMESPACE)
     holders = {loc.holder for locs in ray.get(index.lookup.remote([e.key for e in lost])).values() for loc in locs}
     assert victim not in holders
