@@ -120,12 +120,11 @@ class Fuser:
 
     def missed_tokens(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Tokens of the prompt's prefix and chunks whose KV, as this request reads it, no tier holds now."""
-        missed = 0
-        for index, ids in prompt_parts(prompt):
-            source = self.sources.read_at(index, prompt, namespace)
-            if not self.store.contains(ids, source.context_ids, source.namespace):
-                missed += len(ids)
-        return missed
+        parts = list(prompt_parts(prompt))
+        sources = [self.sources.read_at(index, prompt, namespace) for index, _ in parts]
+        refs = [ChunkRef(ids, s.context_ids, s.namespace) for (_, ids), s in zip(parts, sources)]
+        held = self.store.contains_many(refs)
+        return sum(len(ids) for (_, ids), is_held in zip(parts, held) if not is_held)
 
     def precompute(self, prompt: PromptLayout, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Compute and store the KV of every chunk (and the prefix) not yet cached; returns how many."""
