@@ -68,10 +68,7 @@ class QueryDriven(FusionMode):
         if self.scoring.with_deviation:
             narrow = lambda step: self._narrow_by_deviation(step, relevance, recompute_ratio)  # noqa: E731
             return selective_prefill(runner, layout, cache, torch.arange(layout.kv_end), narrow, feed)
-        chosen = select_tokens(
-            relevance, layout, recompute_ratio, self.options.selection_span_tokens, self.scoring.budget_split
-        )
-        return selective_prefill(runner, layout, cache, chosen, None, feed)
+        return selective_prefill(runner, layout, cache, self.choose(layout, relevance, recompute_ratio), None, feed)
 
     def relevance(
         self, runner: ModelRunner, layout: BlendLayout, cache: KVCache, feed: LayerFeed | None
@@ -89,6 +86,12 @@ class QueryDriven(FusionMode):
             selectable = selectable_mask(layout)
             per_layer = per_layer / per_layer[:, selectable].sum(dim=1, keepdim=True).clamp_min(1e-30)
         return per_layer.sum(dim=0)
+
+    def choose(self, layout: BlendLayout, relevance: torch.Tensor, recompute_ratio: float) -> torch.Tensor:
+        """The positions the selective pass recomputes: the budget spent by the question's attention. # [K]"""
+        return select_tokens(
+            relevance, layout, recompute_ratio, self.options.selection_span_tokens, self.scoring.budget_split
+        )
 
     def _narrow_by_deviation(
         self, step: LayerStep, relevance: torch.Tensor, recompute_ratio: float

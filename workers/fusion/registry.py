@@ -7,11 +7,13 @@ from workers.fusion.baselines.prefix_cache import PrefixCache
 from workers.fusion.boundary_blend import BoundaryBlend
 from workers.fusion.cacheblend import CacheBlend
 from workers.fusion.cachecraft import CacheCraft
+from workers.fusion.query_boundary import QueryBoundary
 from workers.fusion.query_driven import QueryDriven
 
 FUSION_MODES: dict[str, type[FusionMode]] = {
     mode.name: mode
-    for mode in (FullPrefill, PrefixCache, FullReuse, Epic, CacheBlend, BoundaryBlend, CacheCraft, QueryDriven)
+    for mode in (FullPrefill, PrefixCache, FullReuse, Epic, CacheBlend, BoundaryBlend, CacheCraft, QueryDriven,
+                 QueryBoundary)
 }
 
 

@@ -1,0 +1,43 @@
+"""query_driven that credits the question's attention on a chunk's last tokens to the next chunk's first ones.
+
+A fact cut by chunking ("... the code for X is:" | "4712193.") is read by the question at the key, the end of
+one chunk, while the value opens the next chunk, whose cached KV never saw the key: the value needs
+recomputing, but the question's attention on the cached context often ranks it low. So before the budget is
+spent, each inexact chunk's first `selection_span_tokens` tokens receive, spread evenly, the relevance of the
+span of tokens just before the chunk. Where the question reads nothing across a boundary the ranking is
+query_driven's; the budget is the same.
+"""
+import torch
+
+from workers.fusion.layout import BlendLayout
+from workers.fusion.query_driven import QueryDriven, select_tokens
+
+
+class QueryBoundary(QueryDriven):
+    """query_driven with each chunk's opening ranked by the attention the question pays the chunk before it."""
+
+    name = "query_boundary"
+
+    def choose(self, layout: BlendLayout, relevance: torch.Tensor, recompute_ratio: float) -> torch.Tensor:
+        """The positions to recompute, by relevance carried across chunk boundaries. # [kv_end] -> [K]"""
+        span = self.options.selection_span_tokens
+        scores = carry_across_boundaries(layout, relevance, span)
+        return select_tokens(scores, layout, recompute_ratio, span, self.scoring.budget_split)
+
+
+def carry_across_boundaries(layout: BlendLayout, relevance: torch.Tensor, span_tokens: int) -> torch.Tensor:
+    """relevance plus, on each inexact chunk's first span_tokens tokens, the relevance of the span_tokens before it.
+
+    relevance: [kv_end] -> [kv_end] float32
+    """
+    scores = relevance.float().clone()
+    exact_end = layout.exact_end()
+    for seg in layout.chunk_segments():
+        if seg.start < exact_end or seg.start == 0:
+            continue
+        opening = min(span_tokens, seg.num_tokens, layout.kv_end - seg.start)
+        if opening <= 0:
+            continue
+        carried = float(relevance[max(0, seg.start - span_tokens) : seg.start].sum())
+        scores[seg.start : seg.start + opening] += carried / opening
+    return scores
