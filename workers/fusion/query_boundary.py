@@ -10,7 +10,7 @@ query_driven's; the budget is the same.
 import torch
 
 from workers.fusion.layout import BlendLayout
-from workers.fusion.query_driven import QueryDriven, select_tokens
+from workers.fusion.query_driven import QueryDriven
 
 
 class QueryBoundary(QueryDriven):
@@ -18,11 +18,9 @@ class QueryBoundary(QueryDriven):
 
     name = "query_boundary"
 
-    def choose(self, layout: BlendLayout, relevance: torch.Tensor, recompute_ratio: float) -> torch.Tensor:
-        """The positions to recompute, by relevance carried across chunk boundaries. # [kv_end] -> [K]"""
-        span = self.options.selection_span_tokens
-        scores = carry_across_boundaries(layout, relevance, span)
-        return select_tokens(scores, layout, recompute_ratio, span, self.scoring.budget_split)
+    def ranking(self, layout: BlendLayout, relevance: torch.Tensor) -> torch.Tensor:
+        """The question's attention, carried across chunk boundaries. # [kv_end] -> [kv_end]"""
+        return carry_across_boundaries(layout, relevance, self.options.selection_span_tokens)
 
 
 def carry_across_boundaries(layout: BlendLayout, relevance: torch.Tensor, span_tokens: int) -> torch.Tensor:

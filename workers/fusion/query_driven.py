@@ -88,10 +88,15 @@ class QueryDriven(FusionMode):
         return per_layer.sum(dim=0)
 
     def choose(self, layout: BlendLayout, relevance: torch.Tensor, recompute_ratio: float) -> torch.Tensor:
-        """The positions the selective pass recomputes: the budget spent by the question's attention. # [K]"""
+        """The positions the selective pass recomputes: the budget spent by the ranking. # [K]"""
+        scores = self.ranking(layout, relevance)
         return select_tokens(
-            relevance, layout, recompute_ratio, self.options.selection_span_tokens, self.scoring.budget_split
+            scores, layout, recompute_ratio, self.options.selection_span_tokens, self.scoring.budget_split
         )
+
+    def ranking(self, layout: BlendLayout, relevance: torch.Tensor) -> torch.Tensor:
+        """The scores the budget is spent by: the question's attention itself. # [kv_end] -> [kv_end]"""
+        return relevance
 
     def _narrow_by_deviation(
         self, step: LayerStep, relevance: torch.Tensor, recompute_ratio: float
