@@ -170,6 +170,8 @@ def question_attention(
     cfg = runner.config
     context_end = question.start
     keys_at = _cached_positions(layout, context_end)  # [N] ascending
+    if keys_at.numel() == 0:  # a cold request: every context token is recomputed, there is nothing to rank
+        return scores
     q_positions = torch.arange(question.start, question.end)
     h = runner.embed(layout.token_ids[q_positions].to(runner.device))
     num_queries = q_positions.shape[0]

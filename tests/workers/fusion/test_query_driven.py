@@ -146,3 +146,15 @@ def test_the_scout_over_the_cached_context_is_full_reuse_and_ratio_one_is_full_p
     result = engine.generate(BlendRequest(record["documents"], record["question"], "query_driven", 0.15,
                                           SamplingParams(max_new_tokens=2)))
     assert 0.1 < result.stats.recomputed_fraction < 0.2 and result.stats.mode == "query_driven"
+
+
+@pytest.mark.parametrize("mode", ["query_driven", "query_boundary"])
+def test_a_cold_request_is_full_prefill(checkpoint: Checkpoint, qa_records: list[dict], mode: str) -> None:
+    engine = TorchEngine.from_checkpoint(checkpoint)  # an empty store: no chunk nor prefix KV to score
+    record = qa_records[0]
+    prompt = engine.fuser.layout(record["documents"], record["question"])
+    fused = engine.fuser.fuse(prompt, mode, 0.15)
+    assert fused.prefill.recomputed_fraction == 1.0  # nothing cached: every context token recomputed
+    logits = lambda f: engine.fuser.runner.logits(f.prefill.last_hidden[None])[0]  # noqa: E731
+    reference = TorchEngine.from_checkpoint(checkpoint).fuser.fuse(prompt, "full_prefill", 1.0)
+    torch.testing.assert_close(logits(fused), logits(reference), atol=2e-3, rtol=0.0)
