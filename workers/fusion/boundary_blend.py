@@ -29,11 +29,7 @@ def chunk_openings(step: LayerStep, span_tokens: int) -> torch.Tensor:
     The weight falls from `span_tokens` at a chunk's first token to 1, so of the (at most two) aligned spans the
     opening overlaps, the one holding the chunk's first tokens ranks first.
     """
-    layout = step.layout
-    exact_end = layout.exact_end()
-    weights = torch.zeros(layout.kv_end)
-    for seg in layout.chunk_segments():
-        if seg.start >= exact_end:
-            length = min(span_tokens, seg.num_tokens)
-            weights[seg.start : seg.start + length] = torch.arange(span_tokens, span_tokens - length, -1).float()
+    weights = torch.zeros(step.layout.kv_end)
+    for start, end in step.layout.inexact_openings(span_tokens):
+        weights[start:end] = torch.arange(span_tokens, span_tokens - (end - start), -1).float()
     return weights[step.positions.cpu()]

@@ -107,6 +107,13 @@ class BlendLayout:
         """Cached document chunks, in prompt order."""
         return [s for s in self.segments if s.kind == CHUNK and s.cached is not None]
 
+    def inexact_openings(self, span_tokens: int) -> list[tuple[int, int]]:
+        """(start, end) of the first `span_tokens` positions below kv_end of each chunk whose cached KV is not exact."""
+        exact_end = self.exact_end()
+        ends = [(s.start, min(s.start + span_tokens, s.end, self.kv_end)) for s in self.chunk_segments()
+                if s.start >= exact_end]
+        return [(start, end) for start, end in ends if end > start]
+
     def exact_end(self) -> int:
         """End of the leading run of segments whose KV is what a full prefill computes there.
 

@@ -29,13 +29,7 @@ def carry_across_boundaries(layout: BlendLayout, relevance: torch.Tensor, span_t
     relevance: [kv_end] -> [kv_end] float32
     """
     scores = relevance.float().clone()
-    exact_end = layout.exact_end()
-    for seg in layout.chunk_segments():
-        if seg.start < exact_end or seg.start == 0:
-            continue
-        opening = min(span_tokens, seg.num_tokens, layout.kv_end - seg.start)
-        if opening <= 0:
-            continue
-        carried = float(relevance[max(0, seg.start - span_tokens) : seg.start].sum())
-        scores[seg.start : seg.start + opening] += carried / opening
+    for start, end in layout.inexact_openings(span_tokens):
+        carried = float(relevance[max(0, start - span_tokens) : start].sum())
+        scores[start:end] += carried / (end - start)
     return scores
