@@ -1,6 +1,7 @@
 """Write fact-finding task instances (workers/evaluation/tasks.py) as a QA file that `blendserve eval` reads.
 
-The haystack is the 2wiki pool's passages; tokens are counted with the default model's tokenizer. Score with
+The haystack is the 2wiki pool's passages; tokens are counted with the model's tokenizer (`--model`, default
+SmolLM2-135M), as bench/task_sizing.py counts them. Score with
 `blendserve eval --data OUT ...`: each row's `accuracy` is 1.0 when the gold value appears in the answer.
 
     .venv/bin/python bench/tasks.py --family chain --num-chunks 10 --context-tokens 2000 --depth 0.5 \\
@@ -26,12 +27,13 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pool", type=Path, default=Path("../shared/data/2wiki_pool/corpus.json"))
+    parser.add_argument("--model", type=Path, default=None, help="A checkpoint directory (default: SmolLM2-135M).")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     settings = TaskSettings(args.family, args.num_chunks, args.context_tokens, args.depth, args.order,
                             args.num_distractors)
     passages = [f"{p['title']}. {p['text']}" for p in json.loads(args.pool.read_text())]
-    _, tokenizer = load_model_card(prepare_default_model())
+    _, tokenizer = load_model_card(args.model or prepare_default_model())
     records = make_tasks(settings, passages, args.instances, args.seed,
                          lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
