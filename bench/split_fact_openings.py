@@ -107,6 +107,7 @@ def main() -> None:
     modes = variants(FusionOptions())
     access = load_eval_engine("vllm", modes=modes)
     runs = [EvalRun(name, name, 1.0 if name == "full_prefill" else RATIO) for name in modes]
+    rows = []
     with args.out.open("w") as out:
         for record_id in picked[: args.instances]:
             record = records[record_id]
@@ -115,10 +116,9 @@ def main() -> None:
                 if isinstance(mode, Openings):
                     mode.value_chunk = value
             scores, _ = evaluate(access, [record], runs, max_new_tokens=24, teacher_forced=False, warm_up=False)
-            out.write(json.dumps({"record": record_id, "value_chunk": value,
-                                  **{s.label: s.accuracy for s in scores}}) + "\n")
+            rows.append({"record": record_id, "value_chunk": value, **{s.label: s.accuracy for s in scores}})
+            out.write(json.dumps(rows[-1]) + "\n")
             out.flush()
-    rows = [json.loads(line) for line in args.out.read_text().splitlines()]
     print("\n".join(f"{name}: {sum(r[name] for r in rows):.0f} of {len(rows)}" for name in modes))
 
 
