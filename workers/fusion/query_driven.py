@@ -118,15 +118,23 @@ def selectable_mask(layout: BlendLayout) -> torch.Tensor:
 
 
 def select_tokens(
-    scores: torch.Tensor, layout: BlendLayout, recompute_ratio: float, span_tokens: int, budget_split: str
+    scores: torch.Tensor,
+    layout: BlendLayout,
+    recompute_ratio: float,
+    span_tokens: int,
+    budget_split: str,
+    excluded: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Ascending positions: the forced ones plus ratio x the reused tokens, best-scoring selectable ones first.
 
-    The budget counts every reused token (as cacheblend's does), but is spent on selectable ones only.
-    scores: [kv_end] -> [K]
+    The budget counts every reused token (as cacheblend's does), but is spent on selectable ones only;
+    `excluded` positions are never chosen, not even inside a chosen span.
+    scores: [kv_end], excluded: [kv_end] bool -> [K]
     """
     forced = layout.forced
     selectable = selectable_mask(layout)
+    if excluded is not None:
+        selectable &= ~excluded
     num_keep = min(ratio_count(recompute_ratio, int((~forced).sum())), int(selectable.sum()))
     scores = scores.float().masked_fill(~selectable, 0.0)
     positions = torch.arange(layout.kv_end)

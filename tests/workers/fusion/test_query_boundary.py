@@ -3,7 +3,8 @@ import torch
 
 from tests.workers.fusion.test_boundary_blend import _layout
 from workers.fusion.base import FusionOptions
-from workers.fusion.query_boundary import QueryBoundary, carry_across_boundaries
+from workers.fusion.layout import BlendLayout
+from workers.fusion.query_boundary import QueryBoundary, boundary_guard, carry_across_boundaries
 from workers.fusion.query_driven import QueryDriven
 from workers.fusion.registry import FUSION_MODES
 
@@ -34,3 +35,19 @@ def test_a_chunks_opening_is_recomputed_when_the_question_reads_the_chunk_before
     unread = _relevance(0.0)
     assert QueryBoundary(options).choose(layout, unread, ratio).tolist() == list(range(64, 72)) + forced
     assert FUSION_MODES["query_boundary"] is QueryBoundary
+
+
+def test_the_last_tokens_before_an_inexact_chunk_are_never_recomputed() -> None:
+    # both chunks inexact (computed after another prefix): chunk B's guard, 36-40, sits in chunk A
+    base = _layout()
+    layout = BlendLayout(base.token_ids, base.segments, base.kv_end, chunks_follow_prefix=False)
+    relevance = torch.zeros(80)
+    relevance[32:48] = 1.0  # the aligned span 32-48 straddles the A | B boundary at 40
+    options = FusionOptions(selection_span_tokens=16)
+    ratio = 12 / 72  # 12 of the 72 reused tokens: the span 32-48 less its guard
+    forced = layout.forced.nonzero().squeeze(1).tolist()
+    chosen = QueryBoundary(options).choose(layout, relevance, ratio).tolist()
+    assert chosen == list(range(32, 36)) + list(range(40, 48)) + forced
+    unguarded = QueryBoundary(options, guard_tokens=0).choose(layout, relevance, ratio).tolist()
+    assert unguarded == list(range(32, 48)) + forced
+    assert boundary_guard(layout, 16, 4).nonzero().squeeze(1).tolist() == [4, 5, 6, 7, 36, 37, 38, 39]
