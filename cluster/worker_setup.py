@@ -147,7 +147,8 @@ def serving_fuser(config: ServeConfig, runner: ModelRunner, tiered: TieredStore)
         selection_span_tokens=config.fusion.selection_span_tokens,
         fallback=FallbackOptions(min_coverage=guardrails.fallback_min_coverage),
     )
-    chunk_store = KVPlaneChunkStore(tiered, runner.checkpoint.fingerprint)
+    on_gpu = runner.device.type != "cpu"
+    chunk_store = KVPlaneChunkStore(tiered, runner.checkpoint.fingerprint, runner.device if on_gpu else None)
     fuser = guarded_fuser(runner, options, chunk_store, template, config.engine.chunk_context, guardrails)
     # Before the first request: the stores compress a model's chunk KV only once its verdict is recorded.
     record_missing_verdicts(config, fuser, verdict_book(config))

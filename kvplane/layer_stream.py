@@ -14,6 +14,7 @@ from kvplane.codec import (
     header_span,
     parse_header,
 )
+from kvplane.compression.registry import NONE
 from kvplane.level import Level
 
 
@@ -73,8 +74,13 @@ def stream_layers(
     header: ChunkHeader,
     head: torch.Tensor,
     promote: Callable[[torch.Tensor, int], None],
+    decode_device: torch.device | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Layers in order from `levels[index]`, falling back to lower levels for a lost or damaged one."""
+    """Layers in order from `levels[index]`, falling back to lower levels for a lost or damaged one.
+
+    With `decode_device`, a compressed layer's checked bytes move there before they are decoded (a GPU worker
+    copies the compressed bytes, not the decoded layer, and decodes in the device's memory).
+    """
     # A chunk served from below the top is collected as it streams (copies taken before the caller can
     # overwrite a layer) and handed to `promote(blob, level index)` at the end. Nothing is allocated from
     # the header's claims: a forged header with a valid checksum meets a checked layer read first.
@@ -93,6 +99,8 @@ def stream_layers(
             stored = _read_layer(levels[index], key, header, source, layer_index, region)
         if promoting:  # the stored bytes, taken before the caller may overwrite an uncompressed layer's view
             copies.append(clone_bytes(stored))
+        if decode_device is not None and header.compression != NONE:
+            stored = stored.to(decode_device, non_blocking=True)
         yield decode_layers(header, stored[None])[0]
     if promoting:
         promote(_assemble(header, head, copies), index)

@@ -186,8 +186,13 @@ class TieredStore:
             self._count_miss(key)
         return None
 
-    def read_layers(self, key: str, tier: str | None = None) -> LayerStream | None:
-        """The chunk layer by layer (`[2, T, H_kv, D]` each) from `tier`, else the fastest tier holding it, or None."""
+    def read_layers(
+        self, key: str, tier: str | None = None, decode_device: torch.device | None = None
+    ) -> LayerStream | None:
+        """The chunk layer by layer (`[2, T, H_kv, D]` each) from `tier`, else the fastest tier holding it, or None.
+
+        `decode_device`: where compressed layers are decoded (their bytes moved there first); None: where read.
+        """
         # Each layer is one byte-range read, checked before it is yielded. A layer lost mid-stream is
         # read from a lower tier; iteration raises ChunkLost only when no tier has it. A chosen tier
         # that no longer holds the chunk falls through to the tiers below it, then to those above.
@@ -202,7 +207,7 @@ class TieredStore:
         def promote(blob: torch.Tensor, from_index: int) -> None:
             self._writer.submit(self._promote, key, blob, header.priority, from_index, nbytes=blob.numel())
 
-        layers = stream_layers(self._levels, key, index, header, head, promote)
+        layers = stream_layers(self._levels, key, index, header, head, promote, decode_device)
         return LayerStream(header, self._levels[index].stream_label(key), layers)
 
     def _level_index(self, key: str, tier: str | None) -> int:

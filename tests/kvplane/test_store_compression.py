@@ -123,3 +123,21 @@ def test_set_compression_applies_to_later_writes(make_entry: EntryFactory, ssd_u
         assert headers[first.key].compression == "int8" and headers[second.key].compression == "none"
         with pytest.raises(ValueError, match="no tier"):
             store.set_compression("s3", "int8")
+
+
+@pytest.mark.parametrize("ssd", ["int8", "int4", "none"])
+def test_a_layer_stream_decodes_compressed_layers_on_the_device_asked_for(
+    make_entry: EntryFactory, ssd_url: str, ssd: str
+) -> None:
+    # The meta device stands in for a GPU: a decoded layer on it shows where the decoding ran.
+    entry = make_entry(5, num_tokens=64, dtype=torch.bfloat16)
+    with _store(ssd_url, ssd=ssd, ram_bytes=0) as store:
+        store.put(entry)
+        store.flush()
+        layers = list(store.read_layers(entry.key, decode_device=torch.device("meta")))
+        expected = decode(encode(entry, compression_name=ssd), entry.key)[1]
+        on_host = torch.stack(list(store.read_layers(entry.key)))
+    assert torch.equal(on_host, expected)
+    assert [layer.shape for layer in layers] == [layer.shape for layer in expected]
+    assert {layer.dtype for layer in layers} == {torch.bfloat16}
+    assert {layer.device.type for layer in layers} == ({"cpu"} if ssd == "none" else {"meta"})

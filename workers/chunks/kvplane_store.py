@@ -2,6 +2,7 @@
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import torch
 import xxhash
 
 from kvplane.entry import KVEntry
@@ -40,9 +41,10 @@ class KVPlaneChunkStore:
     policies, so one that weighs impact (impact_tinylfu) keeps the chunks that save the most.
     """
 
-    def __init__(self, tiered: TieredStore, fingerprint: str) -> None:
+    def __init__(self, tiered: TieredStore, fingerprint: str, decode_device: torch.device | None = None) -> None:
         self.tiered = tiered
         self.fingerprint = fingerprint
+        self.decode_device = decode_device  # a GPU runner's device: compressed layers are decoded there
         self.impacts = ImpactBook()
 
     def note_impact(self, key: str, impact: float) -> None:
@@ -64,7 +66,7 @@ class KVPlaneChunkStore:
         self, token_ids: list[int], context_ids: list[int], namespace: str = DEFAULT_NAMESPACE, tier: str | None = None
     ) -> ChunkLayers | None:
         """The stored chunk as a layer stream from `tier` (or the fastest tier holding it), or None on a miss."""
-        stream = self.tiered.read_layers(self.key(token_ids, context_ids, namespace), tier)
+        stream = self.tiered.read_layers(self.key(token_ids, context_ids, namespace), tier, self.decode_device)
         if stream is None or stream.token_ids != list(token_ids):
             return None
         return ChunkLayers(stream.token_ids, iter(stream), stream.num_layers, len(context_ids), stream.tier)
