@@ -1,0 +1,43 @@
+"""The compression gate's verdicts on a model, as a worker records them at its first start, kept as a result file.
+
+Measures each compression with `measure_compression` (the serving default's mode and ratio, the canary's
+calibration prompts, the gate's default bounds) on the model in the serving dtype of this machine.
+
+    .venv/bin/python bench/compression_verdicts.py --out docs/results/compression/verdicts_xeon_amx.json
+"""
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from workers.fuser import Fuser
+from workers.guardrails.compression_gate import DEFAULT_MAX_KL_INCREASE, measure_compression
+from workers.model.checkpoint import load_checkpoint
+from workers.model.default import prepare_default_model
+from workers.model.dtype import AUTO, measured_on, resolve_dtype, torch_dtype
+from workers.model.runner import ModelRunner
+
+
+def main() -> None:
+    """Parse arguments, measure every compression, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="checkpoint folder (default: the default model)")
+    parser.add_argument("--dtype", default=AUTO, help="model dtype (auto: the serving dtype on this CPU)")
+    parser.add_argument("--compressions", default=",".join(DEFAULT_MAX_KL_INCREASE))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    model = args.model or prepare_default_model()
+    dtype = torch_dtype(resolve_dtype(args.dtype, model, on_gpu=False))
+    fuser = Fuser(ModelRunner(load_checkpoint(model, dtype)))
+    verdicts = {}
+    for name in (name.strip() for name in args.compressions.split(",") if name.strip()):
+        verdict = measure_compression(fuser, name, DEFAULT_MAX_KL_INCREASE[name])
+        verdicts[name] = {**asdict(verdict), "kl_increase": verdict.kl_increase, "passed": verdict.passed}
+    result = {"model": model.name, **measured_on(dtype), "recompute_ratio": fuser.options.recompute_ratio,
+              "verdicts": verdicts}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
