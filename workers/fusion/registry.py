@@ -9,12 +9,11 @@ from workers.fusion.cacheblend import CacheBlend
 from workers.fusion.cachecraft import CacheCraft
 from workers.fusion.query_boundary import QueryBoundary
 from workers.fusion.query_driven import QueryDriven
-from workers.fusion.query_tail import QueryTail
 
 FUSION_MODES: dict[str, type[FusionMode]] = {
     mode.name: mode
     for mode in (FullPrefill, PrefixCache, FullReuse, Epic, CacheBlend, BoundaryBlend, CacheCraft, QueryDriven,
-                 QueryBoundary, QueryTail)
+                 QueryBoundary)
 }
 
 

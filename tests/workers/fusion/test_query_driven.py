@@ -148,7 +148,7 @@ def test_the_scout_over_the_cached_context_is_full_reuse_and_ratio_one_is_full_p
     assert 0.1 < result.stats.recomputed_fraction < 0.2 and result.stats.mode == "query_driven"
 
 
-@pytest.mark.parametrize("mode", ["query_driven", "query_boundary", "query_tail"])
+@pytest.mark.parametrize("mode", ["query_driven", "query_boundary"])
 def test_a_cold_request_is_full_prefill(checkpoint: Checkpoint, qa_records: list[dict], mode: str) -> None:
     engine = TorchEngine.from_checkpoint(checkpoint)  # an empty store: no chunk nor prefix KV to score
     record = qa_records[0]
