@@ -13,7 +13,7 @@ from typing import Any
 from workers.evaluation.bootstrap import paired_difference_interval
 from workers.evaluation.evaluate import RecordScore, read_rows
 
-METRICS = ("agreement_f1", "exact_match", "first_token_agreement", "tf_kl", "ttft_s", "recomputed_fraction")
+METRICS = ("accuracy", "agreement_f1", "exact_match", "first_token_agreement", "tf_kl", "ttft_s", "recomputed_fraction")
 
 
 def paired_report(
