@@ -111,16 +111,14 @@ def measure(entries: list[KVEntry], names: list[str], s3_options: dict, scratch:
             for tier, store in stores[name].items():
                 # Whole entries (store.get) and the serving path (read_layers: one layer at a time, decoded as it
                 # streams), each read cold from the SSD.
-                if tier == "ssd":
-                    drop_from_page_cache(scratch / f"ssd-{name}")
-                note(name, f"{tier}_get_s", seconds(lambda store=store: consume(store.get(e.key) for e in entries)))
-                if tier == "ssd":
-                    drop_from_page_cache(scratch / f"ssd-{name}")
-                note(
-                    name,
-                    f"{tier}_layers_s",
-                    seconds(lambda store=store: consume(layer for e in entries for layer in store.read_layers(e.key))),
-                )
+                reads = {
+                    "get": lambda store=store: consume(store.get(e.key) for e in entries),
+                    "layers": lambda store=store: consume(layer for e in entries for layer in store.read_layers(e.key)),
+                }
+                for read, work in reads.items():
+                    if tier == "ssd":
+                        drop_from_page_cache(scratch / f"ssd-{name}")
+                    note(name, f"{tier}_{read}_s", seconds(work))
     for tiers in stores.values():
         for store in tiers.values():
             store.close()

@@ -7,7 +7,6 @@ calibration prompts, the gate's default bounds) on the model in the serving dtyp
 """
 import argparse
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from workers.fuser import Fuser
@@ -29,10 +28,8 @@ def main() -> None:
     model = args.model or prepare_default_model()
     dtype = torch_dtype(resolve_dtype(args.dtype, model, on_gpu=False))
     fuser = Fuser(ModelRunner(load_checkpoint(model, dtype)))
-    verdicts = {}
-    for name in (name.strip() for name in args.compressions.split(",") if name.strip()):
-        verdict = measure_compression(fuser, name, DEFAULT_MAX_KL_INCREASE[name])
-        verdicts[name] = {**asdict(verdict), "kl_increase": verdict.kl_increase, "passed": verdict.passed}
+    names = [name.strip() for name in args.compressions.split(",") if name.strip()]
+    verdicts = {name: measure_compression(fuser, name, DEFAULT_MAX_KL_INCREASE[name]).as_record() for name in names}
     result = {"model": model.name, **measured_on(dtype), "recompute_ratio": fuser.options.recompute_ratio,
               "verdicts": verdicts}
     args.out.parent.mkdir(parents=True, exist_ok=True)

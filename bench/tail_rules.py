@@ -82,7 +82,7 @@ class Placement(QueryBoundary):
         elif self.rule == "near_needle" and needle is not None:
             for seg in chunks[max(0, self.needle - 1) : self.needle + 2]:
                 keep[seg.start : seg.end] = True
-        return ((keep[: layout.kv_end] & free) | layout.forced).nonzero().squeeze(1)
+        return ((keep & free) | layout.forced).nonzero().squeeze(1)
 
 
 def _shares(rule: str) -> tuple[float, float, bool]:

@@ -1,6 +1,5 @@
 """The deployment's compression verdicts: where they are kept, and measuring those still missing at worker start."""
 import logging
-from dataclasses import asdict
 
 from cluster.config import ServeConfig
 from kvplane.compression.registry import NONE
@@ -31,8 +30,7 @@ def record_missing_verdicts(config: ServeConfig, fuser: Fuser, book: VerdictBook
             if found is None:
                 bound = config.guardrails.compression_max_kl_increase
                 bound = DEFAULT_MAX_KL_INCREASE.get(name, 0.0) if bound is None else bound
-                verdict = measure_compression(fuser, name, bound)
-                found = {**asdict(verdict), "kl_increase": verdict.kl_increase, "passed": verdict.passed}
+                found = measure_compression(fuser, name, bound).as_record()
                 book.put(fingerprint, name, found)
         except OSError as err:  # the book unreachable: the stores stay uncompressed, the next start tries again
             _log.warning("blendserve: compression verdicts at %s unreachable (%s): %s stays off", book.url, err, name)

@@ -49,6 +49,10 @@ class CompressionVerdict:
         """Whether the added KL is within the bound."""
         return self.kl_increase <= self.max_kl_increase
 
+    def as_record(self) -> dict[str, object]:
+        """The verdict as it is recorded in a book: its fields, the KL increase and whether it passed."""
+        return {**asdict(self), "kl_increase": self.kl_increase, "passed": self.passed}
+
     def to_json(self) -> str:
         """The verdict as it is recorded."""
         return json.dumps(asdict(self))
