@@ -1,5 +1,6 @@
 """The fusion core both engines compose: lay a request out, look its chunks up, fuse them with a mode, write back."""
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from workers.chunks.variants import Variant, VariantIndex, chunk_keys
 from workers.engines.base import StoredChunk
 from workers.fusion.base import FusionMode, FusionOptions
 from workers.fusion.baselines.full_prefill import FullPrefill
-from workers.fusion.layer_feed import LayerLoader, PipelinedLoader, ignore_fetch
+from workers.fusion.layer_feed import LayerLoader, PipelinedLoader, TimedFeed, ignore_fetch
 from workers.fusion.layout import PREFIX, SUFFIX, BlendLayout, Segment
 from workers.fusion.registry import make_fusion_modes
 from workers.fusion.selective_pass import PrefillResult
@@ -45,6 +46,8 @@ class FusedPrompt:
     layout: BlendLayout
     mode: FusionMode
     recompute_ratio: float  # the ratio the pass ran at: the controller's choice, or raised by the check layer
+    lookup_s: float = 0.0  # opening the cached parts (headers from their tiers)
+    load_wait_s: float = 0.0  # the pass waiting for layers still being read
 
     def reused_tokens_by_tier(self, end: int | None = None) -> dict[str, int]:
         """Tokens of reused KV before position `end` (all by default), per tier they were found in."""
@@ -228,13 +231,15 @@ class Fuser:
         namespace: str,
         kv_end: int,
     ) -> FusedPrompt:
+        began = time.perf_counter()
         lookup = self._lookup(prompt, mode.reads_chunk_cache, namespace, recompute_ratio, kv_end)
+        lookup_s = time.perf_counter() - began
         observe = self.controller.observe if self.controller is not None else ignore_fetch
-        with self.loader.start(lookup.layout, cache, self.runner.rerotate_keys, observe) as feed:
+        with TimedFeed(self.loader.start(lookup.layout, cache, self.runner.rerotate_keys, observe)) as feed:
             prefill = mode.prefill(self.runner, lookup.layout, cache, lookup.recompute_ratio, feed)
         recompute_ratio = lookup.recompute_ratio if prefill.recompute_ratio is None else prefill.recompute_ratio
         self._record_impacts(prompt, lookup.layout, prefill, namespace)
-        return FusedPrompt(cache, prefill, lookup.layout, mode, recompute_ratio)
+        return FusedPrompt(cache, prefill, lookup.layout, mode, recompute_ratio, lookup_s, feed.waited_s)
 
     def _record_impacts(
         self, prompt: PromptLayout, layout: BlendLayout, prefill: PrefillResult, namespace: str

@@ -40,6 +40,7 @@ class Finished:
     plan: str = BLEND_PLAN
     predicted_ttft_s: float | None = None
     queued_s: float = 0.0  # of ttft_s, waiting for a slot on the worker before the engine took the job
+    stages_s: dict[str, float] = field(default_factory=dict)  # the rest of ttft_s, per stage (engines.stages)
 
 
 Event = TextDelta | Finished
@@ -100,6 +101,7 @@ class Worker:
             plan=stats.plan,
             predicted_ttft_s=stats.predicted_ttft_s,
             queued_s=queued_s,
+            stages_s=dict(stats.stages_s),
         )
 
     def store_documents(self, documents: list[str], namespace: str) -> list[StoredChunk]:

@@ -17,6 +17,8 @@ class BlendStats(BaseModel):
     worker: str
     plan: str = "blend"  # "blend" (fused from chunk KV) or "plain" (the whole prompt prefilled, exact)
     predicted_ttft_s: float | None = None  # the worker's prediction for the plan that ran (None: not planned)
+    queued_s: float = 0.0  # of ttft_s, waiting for a slot on the worker
+    stages_s: dict[str, float] = {}  # the rest of ttft_s, per stage of the worker's path (layout, lookup, ...)
 
 
 class PromptTokensDetails(BaseModel):

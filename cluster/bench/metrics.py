@@ -1,4 +1,5 @@
 """Summaries of a benchmark run: latency percentiles (DDSketch), throughput, reuse per tier, answer agreement."""
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -44,12 +45,31 @@ def summarize(outcomes: Sequence[Outcome], duration_s: float) -> dict[str, Any]:
         "itl_s": percentiles(gap for o in done for gap in o.itl_s),
         "e2e_s": percentiles(o.latency_s for o in done),
         "server_ttft_s": percentiles(o.blend["ttft_s"] for o in with_blend if "ttft_s" in o.blend),
+        # The HTTP path's share of the client's TTFT: what the worker's own TTFT (from arrival at its replica) leaves.
+        "http_s": percentiles(o.ttft_s - o.blend["ttft_s"] for o in with_blend if "ttft_s" in o.blend),
+        "http_fraction": percentiles((o.ttft_s - o.blend["ttft_s"]) / o.ttft_s for o in with_blend
+                                     if "ttft_s" in o.blend and o.ttft_s > 0),
+        "stages_s": stage_medians(with_blend),
         "prompt_tokens": prompt_tokens,
         "reused_tokens": dict(sorted(reused.items())),
         "reused_fraction": round(sum(reused.values()) / prompt_tokens, 4) if prompt_tokens and with_blend else None,
         "recomputed_tokens": recomputed if with_blend else None,
         "recompute_fraction": round(recomputed / prompt_tokens, 4) if prompt_tokens and with_blend else None,
         "errors": [o.error for o in outcomes if not o.ok][:5],
+    }
+
+
+def stage_medians(outcomes: Sequence[Outcome]) -> dict[str, dict[str, float]]:
+    """Per plan that ran (blend, plain), the median seconds of each stage of the worker's TTFT, and how many."""
+    by_plan: dict[str, list[dict[str, float]]] = {}
+    for outcome in outcomes:
+        stages = (outcome.blend or {}).get("stages_s")
+        if stages:
+            by_plan.setdefault(outcome.blend.get("plan", "blend"), []).append(stages)
+    return {
+        plan: {"count": len(rows)} | {stage: round(statistics.median(row.get(stage, 0.0) for row in rows), 4)
+                                      for stage in sorted({stage for row in rows for stage in row})}
+        for plan, rows in sorted(by_plan.items())
     }
 
 

@@ -20,7 +20,8 @@ DOCS = [
 ]
 QUESTION = "In which city is the Eiffel Tower?"
 BLEND_KEYS = {
-    "ttft_s", "mode", "recompute_ratio", "reused_tokens", "recomputed_tokens", "worker", "plan", "predicted_ttft_s"
+    "ttft_s", "mode", "recompute_ratio", "reused_tokens", "recomputed_tokens", "worker", "plan", "predicted_ttft_s",
+    "queued_s", "stages_s",
 }
 
 
@@ -52,6 +53,9 @@ def test_chat_with_documents_answers_and_reuses_the_chunks_the_second_time(clien
     assert set(blend) == BLEND_KEYS
     assert blend["mode"] == "cacheblend" and blend["recompute_ratio"] == 0.15
     assert blend["reused_tokens"] == {}  # nothing cached yet
+    # Where the worker's TTFT went: its stages, the queue for a slot besides, add up to it.
+    assert blend["stages_s"]["fusion"] > 0
+    assert blend["queued_s"] + sum(blend["stages_s"].values()) == pytest.approx(blend["ttft_s"], abs=1e-5)
     assert first.usage.prompt_tokens == blend["recomputed_tokens"] > 0
 
     # The shadow comparison of the first request runs off the hot path; let it finish so it cannot slow the

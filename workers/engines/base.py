@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from kvplane.checks import check_count
 from workers.chunks.store import DEFAULT_NAMESPACE
+from workers.engines.stages import LAYOUT, PLAN, StageClock
 from workers.fusion.base import FusionMode
 from workers.fusion.baselines.full_prefill import FullPrefill
 from workers.generation.conversation import Conversation
@@ -109,6 +110,7 @@ class PreparedRequest:
     sampling: SamplingParams
     mode: str  # the fusion mode that runs: the request's, or PLAIN_MODE when the planner chose plain prefill
     plan: RequestPlan | None = None  # None: no planner priced it, the request runs as asked
+    clock: StageClock = field(default_factory=StageClock)  # its stages so far, timed as it goes
 
     @property
     def warms_chunks(self) -> bool:
@@ -116,9 +118,10 @@ class PreparedRequest:
         return self.plan is not None and self.plan.warm_chunks
 
     def stamp(self, stats: "PrefillStats") -> "PrefillStats":
-        """The stats with the plan that ran and its predicted TTFT."""
+        """The stats with the plan that ran, its predicted TTFT and where the TTFT went."""
         stats.plan = PLAIN_PLAN if self.mode == PLAIN_MODE else BLEND_PLAN
         stats.predicted_ttft_s = None if self.plan is None else self.plan.predicted_ttft_s
+        stats.stages_s = self.clock.until_first_token(stats.ttft_s)
         return stats
 
 
@@ -137,6 +140,7 @@ class PrefillStats:
     first_token_logprobs: torch.Tensor  # [V] float32
     plan: str = BLEND_PLAN  # "blend" (fused from chunk KV) or "plain" (the whole prompt prefilled)
     predicted_ttft_s: float | None = None  # the planner's prediction for the plan that ran (None: no planner)
+    stages_s: dict[str, float] = field(default_factory=dict)  # seconds per stage of the TTFT (workers.engines.stages)
 
     @property
     def reused_tokens(self) -> int:
@@ -246,17 +250,20 @@ class Engine(ABC):
 
     def prepare(self, request: BlendRequest) -> PreparedRequest:
         """Lay `request` out and check it against the limits; its ratio, and its stop tokens or the model's."""
+        clock = StageClock()
         prompt = request.prompt
         if prompt is None:
-            prompt = self.fuser.layout(request.documents, request.question, request.conversation)
+            with clock.timed(LAYOUT):
+                prompt = self.fuser.layout(request.documents, request.question, request.conversation)
         check_request(request, len(prompt.token_ids), self.limits)
         sampling = request.sampling
         if not sampling.stop_token_ids:
             sampling = replace(sampling, stop_token_ids=self.stop_token_ids)
         recompute_ratio = self.fuser.ratio_for(request.recompute_ratio)
-        plan = self._plan(request, prompt, recompute_ratio)
+        with clock.timed(PLAN):
+            plan = self._plan(request, prompt, recompute_ratio)
         mode = PLAIN_MODE if plan is not None and plan.name == PLAIN_PLAN else request.mode
-        return PreparedRequest(prompt, recompute_ratio, sampling, mode, plan)
+        return PreparedRequest(prompt, recompute_ratio, sampling, mode, plan, clock)
 
     def _plan(self, request: BlendRequest, prompt: PromptLayout, recompute_ratio: float) -> RequestPlan | None:
         """The planner's choice for a request in the mode and ratio it measured (others run as asked)."""

@@ -71,7 +71,9 @@ class TorchEngine(Engine):
         prompt, sampling = prepared.prompt, prepared.sampling
         runner = self.fuser.runner
         cache = runner.new_cache(len(prompt.token_ids) + sampling.max_new_tokens)
+        began = time.perf_counter()
         fused = self.fuser.fuse(prompt, prepared.mode, prepared.recompute_ratio, request.namespace, cache)
+        prepared.clock.add_fusion(time.perf_counter() - began, fused.lookup_s, fused.load_wait_s)
         first_logits = runner.logits(fused.prefill.last_hidden[None])[0]
         layout = fused.layout
         stats = self.planned_stats(prepared, prefill_stats(

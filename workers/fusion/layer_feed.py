@@ -35,6 +35,24 @@ class LayerFeed(ABC):
         self.close()
 
 
+class TimedFeed(LayerFeed):
+    """A feed that counts the seconds the pass spent waiting on it."""
+
+    def __init__(self, feed: LayerFeed) -> None:
+        self.feed = feed
+        self.waited_s = 0.0
+
+    def wait(self, layer: int) -> None:
+        began = time.perf_counter()
+        try:
+            self.feed.wait(layer)
+        finally:
+            self.waited_s += time.perf_counter() - began
+
+    def close(self) -> None:
+        self.feed.close()
+
+
 class LayerLoader(ABC):
     """How a request's cached KV is loaded relative to its recompute; chosen once per engine."""
 

@@ -23,6 +23,7 @@ from workers.engines.base import (
     WriteBack,
     prefill_stats,
 )
+from workers.engines.stages import ENGINE_WAIT, PREFIX_PROBE
 from workers.fuser import FusedPrompt, Fuser
 from workers.generation.sampling import SamplingParams
 from workers.model.runner import ModelRunner
@@ -109,7 +110,8 @@ class VLLMEngine(Engine):
         """Fuse the context (one request at a time), hand the request to vLLM, return at its first token."""
         start_s = time.perf_counter()
         prepared = self.prepare(request)
-        submitted = self._loop.call(lambda: self._submit(prepared, request.namespace))
+        queued_s = time.perf_counter()
+        submitted = self._loop.call(lambda: self._submit(prepared, request.namespace, queued_s))
         tokens = iter(submitted.stream)
         try:
             first = next(tokens)
@@ -149,7 +151,9 @@ class VLLMEngine(Engine):
 
     # ---------------- on the engine thread ----------------
 
-    def _submit(self, prepared: PreparedRequest, namespace: str) -> _Submitted:
+    def _submit(self, prepared: PreparedRequest, namespace: str, queued_s: float) -> _Submitted:
+        clock = prepared.clock
+        clock.add(ENGINE_WAIT, time.perf_counter() - queued_s)
         prompt = prepared.prompt
         params = self._vllm_params(prepared.sampling)
         context = len(prompt.token_ids) - len(prompt.suffix_ids)
@@ -161,16 +165,19 @@ class VLLMEngine(Engine):
             mode = self.fuser.modes[prepared.mode]
             question = prompt.suffix_ids if mode.reads_question else None
             salt = fused_salt(namespace, prepared.mode, prepared.recompute_ratio, question)
-        cached = cached_prefix_tokens(self._loop.engine, prompt.token_ids, salt) if salt != namespace else 0
+        with clock.timed(PREFIX_PROBE):
+            cached = cached_prefix_tokens(self._loop.engine, prompt.token_ids, salt) if salt != namespace else 0
         # A context fused before (a conversation's earlier turn, a repeated question) is in vLLM's prefix cache up
         # to its last whole block at least: vLLM computes the rest in full, and no fusion runs.
         if salt != namespace and context - cached >= self._block_size:
             # The fusion sees the whole prompt but computes KV for the context only: vLLM prefills the question.
             cache = self._buffer.take(context)
             try:
+                began = time.perf_counter()
                 fused = self.fuser.fuse(
                     prompt, prepared.mode, prepared.recompute_ratio, namespace, cache, kv_end=context
                 )
+                clock.add_fusion(time.perf_counter() - began, fused.lookup_s, fused.load_wait_s)
                 injected = injectable_tokens(context, len(prompt.token_ids))
                 if injected > 0:
                     key = put_kv(cache.data[:, :, :context])

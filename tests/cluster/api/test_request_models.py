@@ -38,6 +38,8 @@ BLEND_STATS = {
     "worker": "worker-0",
     "plan": "blend",
     "predicted_ttft_s": 0.11,
+    "queued_s": 0.0,
+    "stages_s": {"lookup": 0.02, "fusion": 0.07, "first_token": 0.03},
 }
 
 

@@ -59,8 +59,23 @@ def test_summary_counts_reuse_per_tier_and_leaves_failures_out_of_latencies() ->
     assert summary["reused_tokens"] == {"device": 60, "ram": 20}
     assert summary["reused_fraction"] == 0.4 and summary["recompute_fraction"] == 0.65
     assert summary["errors"] == ["boom"]
+    assert summary["http_s"]["p50"] == pytest.approx(0.1, rel=0.02) and summary["http_s"]["count"] == 2
     plain = summarize([_outcome("a", 1.0)], duration_s=1.0)
     assert plain["recompute_fraction"] is None and plain["reused_tokens"] == {}
+
+
+def test_stage_medians_are_taken_per_plan() -> None:
+    def blend(plan: str, lookup_s: float) -> dict:
+        return {"ttft_s": 0.5, "plan": plan, "stages_s": {"lookup": lookup_s, "first_token": 0.3}}
+
+    outcomes = [_outcome(rid, 0.6, blend=blend("blend", s)) for rid, s in (("a", 0.1), ("b", 0.3), ("c", 0.2))]
+    outcomes.append(_outcome("d", 0.4, blend={"ttft_s": 0.3, "plan": "plain", "stages_s": {"first_token": 0.3}}))
+    summary = summarize(outcomes, duration_s=2.0)
+    assert summary["stages_s"] == {
+        "blend": {"count": 3, "first_token": 0.3, "lookup": 0.2},
+        "plain": {"count": 1, "first_token": 0.3},
+    }
+    assert summary["http_fraction"]["p50"] == pytest.approx(1 / 6, rel=0.02)
 
 
 def test_agreement_compares_answers_to_the_same_request_only() -> None:

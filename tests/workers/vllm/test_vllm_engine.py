@@ -15,6 +15,7 @@ from vllm import SamplingParams as VLLMSamplingParams  # noqa: E402
 from tests.workers.vllm.conftest import BLOCK, DATA_FILE, LOGPROB_ATOL  # noqa: E402
 from workers.chunks.variants import VariantIndex, VariantRules, chunk_keys  # noqa: E402
 from workers.engines.base import BlendRequest  # noqa: E402
+from workers.engines.stages import FIRST_TOKEN, FUSION, LAYOUT, LOAD_WAIT, LOOKUP  # noqa: E402
 from workers.evaluation.scoring import token_f1  # noqa: E402
 from workers.fuser import Fuser  # noqa: E402
 from workers.fusion.base import CraftOptions, FusionOptions  # noqa: E402
@@ -128,6 +129,19 @@ def test_misses_are_written_back_and_reordered_chunks_hit(vllm_engine, records) 
     tokens, again = _answer(vllm_engine, reordered, question, namespace="writeback")
     assert tokens and again.reused_tokens > 0.5 * again.context_tokens
     assert again.recomputed_tokens < again.num_prompt_tokens
+
+
+def test_the_stats_say_where_the_time_to_first_token_went(vllm_engine, records) -> None:
+    docs, question = records[2]
+    _answer(vllm_engine, docs, question, namespace="stages")  # chunks computed and written back
+    _, blended = _answer(vllm_engine, docs[::-1], question, namespace="stages")  # every chunk read, new order
+    _, plain = _answer(vllm_engine, docs, question, mode="full_prefill", namespace="stages")
+    for stats in (blended, plain):
+        assert sum(stats.stages_s.values()) == pytest.approx(stats.ttft_s, rel=1e-6)
+        assert stats.stages_s[FIRST_TOKEN] > 0 and stats.stages_s[LAYOUT] > 0  # laid out by the engine here
+    assert blended.reused_tokens > 0
+    assert blended.stages_s[LOOKUP] > 0 and blended.stages_s[FUSION] > 0 and LOAD_WAIT in blended.stages_s
+    assert FUSION not in plain.stages_s and LOOKUP not in plain.stages_s  # vLLM prefilled it all
 
 
 def test_a_tenants_plain_requests_share_vllms_prefix_cache_and_fused_kv_never_enters_it(vllm_engine, records) -> None:
