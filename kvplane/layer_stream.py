@@ -75,8 +75,11 @@ def stream_layers(
     head: torch.Tensor,
     promote: Callable[[torch.Tensor, int], None],
     decode_device: torch.device | None = None,
+    head_is_whole: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Layers in order from `levels[index]`, falling back to lower levels for a lost or damaged one.
+
+    `head_is_whole`: `head` is the whole blob, read in one call (its layers are not read again).
 
     With `decode_device`, a compressed layer's checked bytes move there before they are decoded (a GPU worker
     copies the compressed bytes, not the decoded layer, and decodes in the device's memory).
@@ -87,7 +90,7 @@ def stream_layers(
     promoting = index > 0
     copies: list[torch.Tensor] = []
     source = header
-    region = _whole_region(levels[index], key, header, source)
+    region = _whole_region(levels[index], key, header, source, head if head_is_whole else None)
     for layer_index in range(header.num_layers):
         stored = _read_layer(levels[index], key, header, source, layer_index, region)
         while stored is None:
@@ -115,12 +118,19 @@ def _complete_head(level: Level, key: str, head: torch.Tensor) -> torch.Tensor:
     return head if rest is None else torch.cat([head, rest])
 
 
-def _whole_region(level: Level, key: str, header: ChunkHeader, source: ChunkHeader) -> tuple[int, torch.Tensor] | None:
-    """Every layer of `source` in one read, with its start offset, where a read costs a round trip; else None."""
-    if not level.reads_whole or not source.layer_offsets:
+def _whole_region(
+    level: Level, key: str, header: ChunkHeader, source: ChunkHeader, whole: torch.Tensor | None = None
+) -> tuple[int, torch.Tensor] | None:
+    """Every layer of `source` with its start offset: in `whole` when the blob was read whole, else in one read
+    where a read costs a round trip; else None (read layer by layer)."""
+    if not source.layer_offsets:
         return None
-    start = min(source.layer_offsets)
-    data = level.fetch(key, start, max(source.layer_offsets) + header.layer_nbytes)
+    start, end = min(source.layer_offsets), max(source.layer_offsets) + header.layer_nbytes
+    if whole is not None and whole.numel() >= end:
+        return 0, whole
+    if not level.reads_whole:
+        return None
+    data = level.fetch(key, start, end)
     return None if data is None else (start, data)
 
 

@@ -53,6 +53,7 @@ class Level:
         self._write = self._write_batch if batched else self._write_each
         self._contains_many = cast(BatchedTier, tier).contains_many if batched else self._contains_each
         self._labels_of = cast(BatchedTier, tier).labels_of if batched else self._labels_each
+        self._read_whole_many = cast(BatchedTier, tier).read_whole_many if batched else self._read_whole_each
 
     @property
     def name(self) -> str:
@@ -172,6 +173,30 @@ class Level:
         if data is None:
             self._check_vanished(key)
         return data
+
+    def fetch_whole_many(self, keys: Sequence[str]) -> list[tuple[torch.Tensor, str] | None]:
+        """Each key's whole blob and the tier that served it (an inner tier's name), in one tier call where it allows."""
+        if not self._reads.allows():
+            with self.lock:
+                self.stats.skipped += 1
+            return [None] * len(keys)
+        try:
+            found = self._read_whole_many(keys)
+        except TierError as err:
+            self._failed(self._reads, "reads", err)
+            return [None] * len(keys)
+        self._succeeded(self._reads, "reads")
+        for key, hit in zip(keys, found):
+            if hit is None:
+                self._check_vanished(key)
+        return found
+
+    def _read_whole_each(self, keys: Sequence[str]) -> list[tuple[torch.Tensor, str] | None]:
+        found: list[tuple[torch.Tensor, str] | None] = []
+        for key in keys:
+            data = self.tier.read(key)
+            found.append(None if data is None else (data, self.tier.hit_label() or self.name))
+        return found
 
     def hit_label(self) -> str:
         """The tier that served this thread's last whole-blob fetch: an inner tier's name, else this one's."""

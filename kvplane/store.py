@@ -5,8 +5,8 @@ from collections.abc import Collection, Iterator, Sequence
 
 import torch
 
-from kvplane.buffers import clone_bytes
-from kvplane.codec import CodecError, decode, encode, read_header
+from kvplane.buffers import clone_bytes, host_view
+from kvplane.codec import ChunkHeader, CodecError, decode, encode, parse_header, read_header
 from kvplane.compression.registry import NONE, compression
 from kvplane.compression.verdicts import CompressionGate
 from kvplane.entry import KVEntry
@@ -202,13 +202,62 @@ class TieredStore:
             self._count_miss(key)
             return None
         index, header, head = found
+        return self._open_stream(key, index, header, head, self._levels[index].stream_label(key), decode_device)
+
+    def read_layers_many(
+        self, keys: Sequence[str], decode_device: torch.device | None = None
+    ) -> list[LayerStream | None]:
+        """`read_layers` of each key from the fastest tier holding it (None: a miss).
+
+        A tier whose reads are round trips (the node shards) is asked once for every key still unfound, and
+        answers with whole blobs: header, layers and the serving tier come back in that one call, where one
+        key at a time costs three (its header, its serving tier, its layers).
+        """
+        streams: list[LayerStream | None] = [None] * len(keys)
+        pending = list(range(len(keys)))
+        for index, level in enumerate(self._levels):
+            if not pending:
+                break
+            if level.reads_whole:
+                hits = level.fetch_whole_many([keys[i] for i in pending])
+                for i, hit in zip(pending, hits):
+                    if hit is not None:
+                        streams[i] = self._whole_stream(keys[i], index, hit[0], hit[1], decode_device)
+            else:
+                for i in pending:
+                    found = find_header(self._levels[: index + 1], keys[i], index)
+                    if found is not None:
+                        streams[i] = self._open_stream(keys[i], *found, level.stream_label(keys[i]), decode_device)
+            pending = [i for i in pending if streams[i] is None]
+        for i in pending:
+            self._count_miss(keys[i])
+        return streams
+
+    def _whole_stream(
+        self, key: str, index: int, blob: torch.Tensor, label: str, decode_device: torch.device | None
+    ) -> LayerStream | None:
+        """The stream of a blob read whole from level `index`; None (the copy discarded) if its header is damaged."""
+        try:
+            header = parse_header(host_view(blob))
+            if header.key != key:
+                raise CodecError(f"header names {header.key}, not {key}")
+        except CodecError as err:
+            self._levels[index].discard(key, err)
+            return None
+        return self._open_stream(key, index, header, blob, label, decode_device, head_is_whole=True)
+
+    def _open_stream(  # noqa: PLR0913 - the found chunk's parts, as find_header or a whole read gives them
+        self, key: str, index: int, header: ChunkHeader, head: torch.Tensor, label: str,
+        decode_device: torch.device | None, head_is_whole: bool = False,
+    ) -> LayerStream:
+        """A found chunk counted as a hit and streamed from level `index`; promoted at the end if from below."""
         self._count_hit(index, key, header.total_bytes)
 
         def promote(blob: torch.Tensor, from_index: int) -> None:
             self._writer.submit(self._promote, key, blob, header.priority, from_index, nbytes=blob.numel())
 
-        layers = stream_layers(self._levels, key, index, header, head, promote, decode_device)
-        return LayerStream(header, self._levels[index].stream_label(key), layers)
+        layers = stream_layers(self._levels, key, index, header, head, promote, decode_device, head_is_whole)
+        return LayerStream(header, label, layers)
 
     def _level_index(self, key: str, tier: str | None) -> int:
         """Index of the level named `tier` (or whose inner tier of that name holds `key`); 0 for None or unknown."""

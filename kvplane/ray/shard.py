@@ -177,6 +177,10 @@ class ShardServer:
         data = self._store.read(key) if tier is not None else None
         return None if data is None else (tier, data.numpy())
 
+    def read_located_many(self, keys: list[str]) -> list[tuple[str, np.ndarray] | None]:
+        """`read_located` of each key: a request's chunks in one call."""
+        return [self.read_located(key) for key in keys]
+
     def delete(self, key: str) -> None:
         """Remove `key` from this shard."""
         self._store.delete(key)

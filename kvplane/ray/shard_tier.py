@@ -84,6 +84,17 @@ class ShardTier:
                     labels[i] = None if tier is None else self._label(name, tier)
         return labels
 
+    def read_whole_many(self, keys: Sequence[str]) -> list[tuple[torch.Tensor, str] | None]:
+        """Each key's whole blob and the tier that served it: one call per shard, whose answer moves the bytes."""
+        found: list[tuple[torch.Tensor, str] | None] = [None] * len(keys)
+        for name, ids, answer in self._call_homes(keys, lambda shard, ids: shard.read_located_many.remote(
+                [keys[i] for i in ids]), timeout_per_key=True):
+            if answer is not _UNREACHABLE:
+                for i, hit in zip(ids, answer):
+                    if hit is not None:
+                        found[i] = (owned_blob(hit[1]), self._label(name, hit[0]))
+        return found
+
     def read(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
         """Bytes from the home shard, copied once out of the read-only object-store view."""
         if start == 0 and end is None:

@@ -57,3 +57,6 @@ class BatchedTier(Protocol):
 
     def labels_of(self, keys: Sequence[str]) -> list[str | None]:
         """`label_of` of each key."""
+
+    def read_whole_many(self, keys: Sequence[str]) -> list[tuple[torch.Tensor, str] | None]:
+        """Each key's whole blob and the inner tier that served it (as `label_of` names it), or None."""

@@ -12,6 +12,8 @@ from tests.kvplane.conftest import EntryFactory
 class BatchedMemoryTier(MemoryTier):
     """A RAM tier with the batched calls of the node shards, each call counted."""
 
+    reads_whole = True  # as a shard's: every read a round trip
+
     def __init__(self, name: str, capacity_bytes: int, failing: bool = False) -> None:
         super().__init__(name, capacity_bytes)
         self.calls: list[tuple[str, int]] = []
@@ -33,6 +35,10 @@ class BatchedMemoryTier(MemoryTier):
     def labels_of(self, keys: Sequence[str]) -> list[str | None]:
         self.calls.append(("labels_of", len(keys)))
         return [self.label_of(key) for key in keys]
+
+    def read_whole_many(self, keys: Sequence[str]) -> list[tuple[torch.Tensor, str] | None]:
+        self.calls.append(("read_whole_many", len(keys)))
+        return [None if (blob := self.read(key)) is None else (blob, self.name) for key in keys]
 
     def _put(self, key: str, blob: torch.Tensor) -> None:
         if self.failing:
@@ -63,6 +69,33 @@ def test_a_batched_tier_gets_a_batch_in_one_call_and_answers_as_one_by_one(make_
         assert shard.calls[0] == ("labels_of", 5)
         assert fresh.contains_many(keys) == [fresh.contains(key) for key in keys]
         assert fresh.tiers_holding_many(keys) == [fresh.tiers_holding(key) for key in keys]
+
+
+def test_layer_streams_of_many_keys_come_from_one_whole_read_of_a_round_trip_tier(make_entry: EntryFactory) -> None:
+    device, shard, ssd = MemoryTier("device", 1 << 20), BatchedMemoryTier("shard", 1 << 20), MemoryTier("ssd", 1 << 20)
+    entries = [make_entry(seed) for seed in range(4)]
+    absent = make_entry(99)
+    with TieredStore([shard, ssd], "lru") as filled:
+        filled.put_many(entries)
+    # The shard's copy of entry 3 is damaged: its header no longer names its key, so the good copy below serves.
+    damaged = shard.read(entries[3].key).clone()
+    damaged[40:60] ^= 0xFF
+    shard.put(entries[3].key, damaged)
+    with TieredStore([device, shard, ssd], "lru") as store:
+        store.put(entries[0])  # on the device tier as well
+        store.flush()
+        shard.calls.clear()
+        streams = store.read_layers_many([e.key for e in entries] + [absent.key])
+        assert shard.calls == [("read_whole_many", 4)]  # entries 1-3 and the absent one, in one call
+        assert streams[4] is None
+        assert [stream.tier for stream in streams[:4]] == ["device", "shard", "shard", "ssd"]
+        for stream, entry in zip(streams, entries):
+            assert stream is not None and torch.equal(torch.stack(list(stream)), entry.kv)
+        store.flush()
+        assert all(device.contains(e.key) for e in entries)  # read from below, so promoted
+        # The damaged copy was counted and replaced by the good one, promoted from below.
+        assert store.stats().tiers["shard"].corruptions == 1
+        assert torch.equal(shard.read(entries[3].key), ssd.read(entries[3].key))
 
 
 def test_one_put_goes_through_the_single_call(make_entry: EntryFactory) -> None:

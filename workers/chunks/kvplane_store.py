@@ -7,6 +7,7 @@ import xxhash
 
 from kvplane.entry import KVEntry
 from kvplane.keys import chunk_key
+from kvplane.layer_stream import LayerStream
 from kvplane.store import TieredStore
 from workers.chunks.impact import ImpactBook
 from workers.chunks.kv import ChunkKV, ChunkLayers
@@ -32,6 +33,13 @@ def route_keys(sources: ChunkSources, prompt: "PromptLayout", fingerprint: str, 
         source = sources.read_at(index, prompt, namespace)
         keys.append(chunk_store_key(fingerprint, source.namespace, ids, source.context_ids))
     return keys
+
+
+def _chunk_layers(stream: LayerStream | None, token_ids: list[int], context_ids: list[int]) -> ChunkLayers | None:
+    """A found stream as the engine reads it; None for a miss or a key that holds other tokens."""
+    if stream is None or stream.token_ids != list(token_ids):
+        return None
+    return ChunkLayers(stream.token_ids, iter(stream), stream.num_layers, len(context_ids), stream.tier)
 
 
 class KVPlaneChunkStore:
@@ -67,9 +75,12 @@ class KVPlaneChunkStore:
     ) -> ChunkLayers | None:
         """The stored chunk as a layer stream from `tier` (or the fastest tier holding it), or None on a miss."""
         stream = self.tiered.read_layers(self.key(token_ids, context_ids, namespace), tier, self.decode_device)
-        if stream is None or stream.token_ids != list(token_ids):
-            return None
-        return ChunkLayers(stream.token_ids, iter(stream), stream.num_layers, len(context_ids), stream.tier)
+        return _chunk_layers(stream, token_ids, context_ids)
+
+    def read_layers_many(self, refs: Sequence[ChunkRef]) -> list[ChunkLayers | None]:
+        """Each chunk as a layer stream from the fastest tier holding it: the node shards asked once for them all."""
+        streams = self.tiered.read_layers_many([self.key(*ref) for ref in refs], self.decode_device)
+        return [_chunk_layers(stream, ref.token_ids, ref.context_ids) for stream, ref in zip(streams, refs)]
 
     def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         """Write the chunk to the top tier now and to the lower tiers in the background."""

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 from workers.chunks.kv import ChunkLayers
 from workers.chunks.sources import PREFIX_INDEX, ChunkSources, prompt_parts
-from workers.chunks.store import ChunkStore, stored_impact
+from workers.chunks.store import ChunkRef, ChunkStore, stored_impact
 from workers.chunks.variants import VariantIndex, chunk_keys
 from workers.fusion.layout import BlendLayout
 from workers.generation.prompt import PromptLayout
@@ -63,12 +63,17 @@ def lookup_layout(
             tiers[index] = action.tier
             if action.recompute and placement.tiers:
                 skipped.add(index)
-    opened: dict[int, ChunkLayers | None] = {
-        index: None
-        if index in skipped
-        else store.read_layers(ids, read[index].context_ids, read[index].namespace, tiers[index])
-        for index, ids in parts
-    }
+    # Parts with no tier chosen are read from the fastest holding each, in one batch (one call per node shard).
+    batch = [(index, ids) for index, ids in parts if index not in skipped and tiers[index] is None]
+    found = store.read_layers_many([ChunkRef(ids, read[index].context_ids, read[index].namespace)
+                                    for index, ids in batch])
+    opened: dict[int, ChunkLayers | None] = {index: layers for (index, _), layers in zip(batch, found)}
+    for index, ids in parts:
+        if index not in opened:  # skipped, or from the tier the controller chose
+            source = read[index]
+            opened[index] = None if index in skipped else store.read_layers(
+                ids, source.context_ids, source.namespace, tiers[index]
+            )
     for index, ids in parts:
         layers = opened[index]
         if layers is None or index == PREFIX_INDEX:

@@ -33,6 +33,9 @@ class ChunkStore(Protocol):
     ) -> ChunkLayers | None:
         """The chunk's layers from `tier` (the fastest holding it when None or gone there), or None on a miss."""
 
+    def read_layers_many(self, refs: Sequence[ChunkRef]) -> list[ChunkLayers | None]:
+        """`read_layers` of each chunk from the fastest tier holding it, in as few round trips as the store can."""
+
     def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         """Keep a chunk's KV for later requests."""
 
@@ -94,6 +97,9 @@ class LocalChunkStore:
     ) -> ChunkLayers | None:
         found = self.get(token_ids, context_ids, namespace)
         return None if found is None else ChunkLayers.of(found)
+
+    def read_layers_many(self, refs: Sequence[ChunkRef]) -> list[ChunkLayers | None]:
+        return [self.read_layers(*ref) for ref in refs]
 
     def put(self, chunk: ChunkKV, context_ids: list[int], namespace: str = DEFAULT_NAMESPACE) -> None:
         self.entries[(namespace, tuple(context_ids), tuple(chunk.token_ids))] = chunk

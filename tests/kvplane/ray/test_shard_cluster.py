@@ -93,6 +93,11 @@ def test_a_batch_reaches_each_home_shard_and_answers_as_one_by_one(
         expected = [["ram" if directory.home(e.key)[0] == local else "remote"] for e in entries] + [[]]
         assert store.tiers_holding_many(keys) == expected == [store.tiers_holding(key) for key in keys]
         assert all(torch.equal(store.get(e.key).kv, e.kv) for e in entries)
+        # A request's chunks read in one call per shard, whole: the same layers and serving tiers as one by one.
+        streams = store.read_layers_many(keys)
+        assert streams[-1] is None
+        assert [[stream.tier] for stream in streams[:-1]] == expected[:-1]
+        assert all(torch.equal(torch.stack(list(stream)), e.kv) for stream, e in zip(streams, entries))
 
 
 def test_a_killed_shard_turns_its_keys_into_misses(shards: dict[str, ActorHandle], make_entry: EntryFactory) -> None:
