@@ -175,7 +175,7 @@ class Level:
         return data
 
     def fetch_whole_many(self, keys: Sequence[str]) -> list[tuple[torch.Tensor, str] | None]:
-        """Each key's whole blob and the tier that served it (an inner tier's name), in one call where the tier allows."""
+        """Each key's whole blob and the tier that served it (an inner tier's name), one call where the tier allows."""
         if not self._reads.allows():
             with self.lock:
                 self.stats.skipped += 1
