@@ -98,6 +98,7 @@ class Gateway:
         self, kind: type[ChatCompletionRequest] | type[CompletionRequest], body: bytes, tenant: str
     ) -> ChatCompletion | Completion | AsyncIterator[bytes]:
         """A chat or text completion for `tenant`: the whole response, or server-sent events when `stream` is set."""
+        arrived_s = time.perf_counter()
         members = await self.cluster.members()  # asked once per request: a round trip to the membership actor
         self._shed_when_full(members)
         # Parsing and tokenizing take milliseconds per request: off the event loop, so health checks and
@@ -106,7 +107,7 @@ class Gateway:
         cost = len(prompt.token_ids) + prepared.blend.sampling.max_new_tokens
         field = "messages" if kind is ChatCompletionRequest else "prompt"
         worker_id = await self._admit(members, prompt, tenant, cost, (prepared.blend, field))
-        events = self._run(Job(prepared.blend, prepared.stop), worker_id, cost)
+        events = self._run(Job(prepared.blend, prepared.stop), worker_id, cost, arrived_s)
         frame = ResponseFrame(kind is ChatCompletionRequest, self.served_model)
         if prepared.stream:
             return sse(frame, events, prepared.include_usage)
@@ -267,12 +268,15 @@ class Gateway:
         self.admission.finish(worker_id, time.monotonic() - start_s)
         self.tokens_in_flight[worker_id] -= cost
 
-    async def _run(self, job: Job, worker_id: str, cost: int) -> AsyncIterator[Event]:
-        """The worker's events; the queue slot is freed when they end, however they end."""
+    async def _run(self, job: Job, worker_id: str, cost: int, arrived_s: float) -> AsyncIterator[Event]:
+        """The worker's events, Finished stamped with the ingress's time before it (since `arrived_s`, perf_counter);
+        the queue slot is freed when they end, however they end."""
         start_s = time.monotonic()
+        ingress_s = time.perf_counter() - arrived_s
         try:
             async for event in self.workers.stream(job, worker_id):
                 if isinstance(event, Finished):
+                    event = replace(event, ingress_s=ingress_s)
                     self.metrics.observe(event)
                 yield event
         finally:

@@ -41,6 +41,7 @@ class Finished:
     predicted_ttft_s: float | None = None
     queued_s: float = 0.0  # of ttft_s, waiting for a slot on the worker before the engine took the job
     stages_s: dict[str, float] = field(default_factory=dict)  # the rest of ttft_s, per stage (engines.stages)
+    ingress_s: float = 0.0  # before ttft_s, at the ingress: membership, tokenizing, routing (the gateway's stamp)
 
 
 Event = TextDelta | Finished

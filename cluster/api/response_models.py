@@ -19,6 +19,7 @@ class BlendStats(BaseModel):
     predicted_ttft_s: float | None = None  # the worker's prediction for the plan that ran (None: not planned)
     queued_s: float = 0.0  # of ttft_s, waiting for a slot on the worker
     stages_s: dict[str, float] = {}  # the rest of ttft_s, per stage of the worker's path (layout, lookup, ...)
+    ingress_s: float = 0.0  # before ttft_s: the ingress's own time (membership, tokenizing, routing)
 
 
 class PromptTokensDetails(BaseModel):

@@ -40,6 +40,7 @@ def blend_stats(finished: Finished) -> BlendStats:
         predicted_ttft_s=finished.predicted_ttft_s,
         queued_s=round(finished.queued_s, 6),
         stages_s={stage: round(seconds, 6) for stage, seconds in finished.stages_s.items()},
+        ingress_s=round(finished.ingress_s, 6),
     )
 
 

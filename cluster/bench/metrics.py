@@ -49,6 +49,7 @@ def summarize(outcomes: Sequence[Outcome], duration_s: float) -> dict[str, Any]:
         "http_s": percentiles(o.ttft_s - o.blend["ttft_s"] for o in with_blend if "ttft_s" in o.blend),
         "http_fraction": percentiles((o.ttft_s - o.blend["ttft_s"]) / o.ttft_s for o in with_blend
                                      if "ttft_s" in o.blend and o.ttft_s > 0),
+        "ingress_s": percentiles(o.blend["ingress_s"] for o in with_blend if "ingress_s" in o.blend),
         "stages_s": stage_medians(with_blend),
         "prompt_tokens": prompt_tokens,
         "reused_tokens": dict(sorted(reused.items())),

@@ -21,7 +21,7 @@ DOCS = [
 QUESTION = "In which city is the Eiffel Tower?"
 BLEND_KEYS = {
     "ttft_s", "mode", "recompute_ratio", "reused_tokens", "recomputed_tokens", "worker", "plan", "predicted_ttft_s",
-    "queued_s", "stages_s",
+    "queued_s", "stages_s", "ingress_s",
 }
 
 
@@ -56,6 +56,7 @@ def test_chat_with_documents_answers_and_reuses_the_chunks_the_second_time(clien
     # Where the worker's TTFT went: its stages, the queue for a slot besides, add up to it.
     assert blend["stages_s"]["fusion"] > 0
     assert blend["queued_s"] + sum(blend["stages_s"].values()) == pytest.approx(blend["ttft_s"], abs=1e-5)
+    assert 0 < blend["ingress_s"] < 5  # the ingress's own time before the worker got the job (tokenizing, routing)
     assert first.usage.prompt_tokens == blend["recomputed_tokens"] > 0
 
     # The shadow comparison of the first request runs off the hot path; let it finish so it cannot slow the

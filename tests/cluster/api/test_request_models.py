@@ -40,6 +40,7 @@ BLEND_STATS = {
     "predicted_ttft_s": 0.11,
     "queued_s": 0.0,
     "stages_s": {"lookup": 0.02, "fusion": 0.07, "first_token": 0.03},
+    "ingress_s": 0.004,
 }
 
 
