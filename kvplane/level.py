@@ -2,7 +2,7 @@
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 
@@ -17,6 +17,8 @@ from kvplane.tiers.tier import BatchedTier, Tier, TierError
 
 PlacementListener = Callable[[str, str, int], None]
 """Told (key, tier name, bytes) when a tier gains a key, and (key, tier name, 0) when it loses one."""
+
+R = TypeVar("R")  # what a guarded read returns per key
 
 _log = logging.getLogger(__name__)
 
@@ -160,28 +162,21 @@ class Level:
 
     def fetch(self, key: str, start: int = 0, end: int | None = None) -> torch.Tensor | None:
         """Bytes `[start, end)` of `key`, or None if absent, the backend failed or the tier is skipped."""
-        if not self._reads.allows():
-            with self.lock:
-                self.stats.skipped += 1
-            return None
-        try:
-            data = self.tier.read(key, start, end)
-        except TierError as err:
-            self._failed(self._reads, "reads", err)
-            return None
-        self._succeeded(self._reads, "reads")
-        if data is None:
-            self._check_vanished(key)
-        return data
+        return self._guarded_read([key], lambda: [self.tier.read(key, start, end)])[0]
 
     def fetch_whole_many(self, keys: Sequence[str]) -> list[tuple[torch.Tensor, str] | None]:
         """Each key's whole blob and the tier that served it (an inner tier's name), one call where the tier allows."""
+        return self._guarded_read(keys, lambda: self._read_whole_many(keys))
+
+    def _guarded_read(self, keys: Sequence[str], read: Callable[[], list[R | None]]) -> list[R | None]:
+        """`read()` of `keys` under the reads' breaker: all None when the tier is skipped or its backend fails;
+        a key found absent is checked for having vanished behind the store's back."""
         if not self._reads.allows():
             with self.lock:
                 self.stats.skipped += 1
             return [None] * len(keys)
         try:
-            found = self._read_whole_many(keys)
+            found = read()
         except TierError as err:
             self._failed(self._reads, "reads", err)
             return [None] * len(keys)
