@@ -284,9 +284,13 @@ class Engine(ABC):
         if prepared.warms_chunks:
             self.fuser.precompute(prepared.prompt, namespace)
 
+    def stores_next_turn(self, request: BlendRequest) -> bool:
+        """Whether `request` opens its conversation's next turn: a conversation, in a mode that reads stored KV."""
+        return request.conversation is not None and self.fuser.modes[request.mode].reads_chunk_cache
+
     def store_next_turn(self, request: BlendRequest, prepared: PreparedRequest, generated_ids: list[int]) -> None:
         """Between turns, for a mode that reads stored KV: the prefix its conversation's next turn opens with."""
-        if request.conversation is None or not self.fuser.modes[request.mode].reads_chunk_cache:
+        if not self.stores_next_turn(request):
             return
         answer_ids = until_stop(generated_ids, prepared.sampling.stop_token_ids)
         self.fuser.store_next_turn(request.conversation, request.question, answer_ids, prepared.prompt,

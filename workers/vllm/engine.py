@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -119,7 +120,9 @@ class VLLMEngine(Engine):
             self._loop.abort(submitted.stream)
             raise
         ttft_s = time.perf_counter() - start_s
-        stats = self.planned_stats(prepared, self._loop.call(lambda: self._stats(prepared, ttft_s, submitted)))
+        # Built on this thread, not queued behind other requests' fusions on the engine thread: the first token
+        # is already here, and the stats need no torch computation (see _logprob_vector).
+        stats = self.planned_stats(prepared, self._stats(prepared, ttft_s, submitted))
         return Generation(
             stats, self._tokens(first, tokens, submitted.stream), self._write_back(prepared, request, submitted)
         )
@@ -228,7 +231,8 @@ class VLLMEngine(Engine):
                 self._loop.call(lambda: self.fuser.write_back(fused, prompt, request.namespace))
             if prepared.warms_chunks:
                 self._loop.call(lambda: self.warm(prepared, request.namespace))
-            self._loop.call(lambda: self.store_next_turn(request, prepared, generated_ids))
+            if self.stores_next_turn(request):  # else nothing to queue behind other requests' fusions
+                self._loop.call(lambda: self.store_next_turn(request, prepared, generated_ids))
 
         return write_back
 
@@ -236,9 +240,6 @@ class VLLMEngine(Engine):
         prompt = prepared.prompt
         num_tokens = len(prompt.token_ids)
         injected, fused = submitted.injected_tokens, submitted.fused
-        logprobs = torch.full((self._vocab_size,), float("-inf"))
-        for token, value in submitted.stream.first_logprobs.items():
-            logprobs[token] = value
         stats = prefill_stats(
             mode=prepared.mode if fused is None else fused.mode.name,
             recompute_ratio=prepared.recompute_ratio if fused is None else fused.recompute_ratio,
@@ -249,11 +250,22 @@ class VLLMEngine(Engine):
             fused_tokens=injected,
             fused_fraction=fused.prefill.recomputed_fraction if fused is not None and injected else 1.0,
             reused_tokens_by_tier=fused.reused_tokens_by_tier(injected) if fused is not None else {},
-            first_token_logprobs=logprobs,
+            first_token_logprobs=_logprob_vector(submitted.stream.first_logprobs, self._vocab_size),
         )
         if not injected:  # vLLM computed the prompt itself: what its prefix cache held was not recomputed
             _count_prefix_hits(stats, min(submitted.stream.num_cached_tokens, num_tokens))
         return stats
+
+
+def _logprob_vector(top: dict[int, float], vocab_size: int) -> torch.Tensor:
+    """[V] float32: the top-k log-probs vLLM returned, -inf elsewhere.
+
+    Filled in numpy: a torch fill this large runs in parallel, which would start a second OpenMP team on the
+    caller's thread (see VLLMEngine).
+    """
+    values = np.full(vocab_size, -np.inf, dtype=np.float32)
+    values[list(top)] = list(top.values())
+    return torch.from_numpy(values)
 
 
 def _count_prefix_hits(stats: PrefillStats, hit_tokens: int) -> None:

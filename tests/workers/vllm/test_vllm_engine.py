@@ -144,6 +144,20 @@ def test_the_stats_say_where_the_time_to_first_token_went(vllm_engine, records) 
     assert FUSION not in plain.stages_s and LOOKUP not in plain.stages_s  # vLLM prefilled it all
 
 
+def test_a_request_with_nothing_to_write_back_takes_the_engine_thread_once(vllm_engine, records, monkeypatch) -> None:
+    # Its stats and its end never wait behind other requests' fusions queued on the engine thread.
+    docs, question = records[0]
+    vllm_engine.store_documents(docs, "one-task")
+    loop = vllm_engine._loop
+    tasks, submit = [], loop.submit
+    monkeypatch.setattr(loop, "submit", lambda fn: tasks.append(fn) or submit(fn))
+    tokens, stats = _answer(vllm_engine, docs[::-1], question, namespace="one-task")
+    assert tokens and stats.reused_tokens > 0.5 * stats.context_tokens  # blended from the stored chunks
+    assert len(tasks) == 1  # the fusion and hand-over to vLLM
+    logprobs = stats.first_token_logprobs
+    assert torch.isfinite(logprobs).sum() == 5 and int(logprobs.argmax()) == tokens[0]
+
+
 def test_a_tenants_plain_requests_share_vllms_prefix_cache_and_fused_kv_never_enters_it(vllm_engine, records) -> None:
     docs, question = records[1]
     _answer(vllm_engine, docs, question, namespace="salted")  # chunks computed and written back
