@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from kvplane.checks import check_count
 from workers.chunks.store import DEFAULT_NAMESPACE
-from workers.engines.stages import LAYOUT, PLAN, StageClock
+from workers.engines.stages import ENGINE_WAIT, LAYOUT, PLAN, StageClock
 from workers.fusion.base import FusionMode
 from workers.fusion.baselines.full_prefill import FullPrefill
 from workers.generation.conversation import Conversation
@@ -276,7 +276,10 @@ class Engine(ABC):
         # A prompt found in the prefix cache costs what neither curve prices: it says nothing about them.
         from_prefix_cache = PREFIX_CACHE_TIER in stats.reused_tokens_by_tier
         if prepared.plan is not None and self.planner is not None and not from_prefix_cache:
-            self.planner.observe(prepared.plan, stats.ttft_s)
+            # Waiting for other requests' work on the engine's thread is neither plan's cost (either would have
+            # waited): counted, a queue under load would look like a slow plan and flip the choice.
+            own_s = stats.ttft_s - prepared.clock.seconds.get(ENGINE_WAIT, 0.0)
+            self.planner.observe(prepared.plan, own_s)
         return prepared.stamp(stats)
 
     def warm(self, prepared: PreparedRequest, namespace: str) -> None:

@@ -1,5 +1,6 @@
 """The planner on the real vLLM engine: calibrated on it, a plain plan is vLLM's exact prefill, and warms the chunks."""
 import importlib.util
+import time
 
 import pytest
 
@@ -8,8 +9,9 @@ if importlib.util.find_spec("vllm") is None:
 
 from workers.engines.base import BlendRequest  # noqa: E402
 from workers.engines.calibration import calibrate_planner, synthetic_documents  # noqa: E402
+from workers.engines.stages import ENGINE_WAIT  # noqa: E402
 from workers.generation.sampling import SamplingParams  # noqa: E402
-from workers.loading.planner import RequestPlanner  # noqa: E402
+from workers.loading.planner import PlanCorrection, RequestPlanner  # noqa: E402
 from workers.loading.request_plan import PrefillCosts, PrefillCurve  # noqa: E402
 
 # Plain costs 1 s whatever the size; blending 0.5 s with every chunk cached, and each missed token at plain's cost.
@@ -56,3 +58,20 @@ def test_requests_the_planner_did_not_measure_run_as_asked(vllm_engine) -> None:
     finally:
         vllm_engine.planner = None
     assert stats.plan == "blend" and stats.mode == "cacheblend" and stats.predicted_ttft_s is None
+
+
+def test_the_wait_for_other_requests_work_is_not_held_against_the_plan(vllm_engine) -> None:
+    documents = synthetic_documents(256)
+    request = BlendRequest(documents, "Which survey counted most lichens?", "cacheblend", 0.15,
+                           SamplingParams(max_new_tokens=2), namespace="planner-wait")
+    vllm_engine.store_documents(documents, "planner-wait")
+    planner = RequestPlanner(FORCED, PlanCorrection(weight=1.0))  # the factor is the last measured over predicted
+    vllm_engine.planner = planner
+    try:
+        vllm_engine._loop.submit(lambda: time.sleep(1.0))  # the engine's thread busy with another request's work
+        _, stats = _answer(vllm_engine, request)
+    finally:
+        vllm_engine.planner = None
+    assert stats.plan == "blend" and stats.stages_s[ENGINE_WAIT] > 0.5
+    own_s = stats.ttft_s - stats.stages_s[ENGINE_WAIT]
+    assert planner.correction.factor("blend") == pytest.approx(own_s / 0.5)
