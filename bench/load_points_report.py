@@ -49,6 +49,11 @@ def point_figures(result: dict[str, Any], index: int) -> dict[str, Any]:
         / summary["vllm"]["throughput_req_s"],
         "num_errors": {n: s["num_requests"] - s["num_ok"] for n, s in summary.items()},
         "num_requests": summary["blendserve"]["num_requests"],
+        "itl_p50_s": {n: s["itl_s"].get("p50") for n, s in summary.items()},
+        "http_p50_s": summary["blendserve"]["http_s"].get("p50"),
+        "plans": {plan: stages["count"] for plan, stages in summary["blendserve"]["stages_s"].items()},
+        "reused_tokens": summary["blendserve"]["reused_tokens"],
+        "prompt_tokens": summary["blendserve"]["prompt_tokens"],
     }
 
 
@@ -105,6 +110,34 @@ def table(summaries: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def details(summaries: dict[str, list[dict[str, Any]]]) -> str:
+    """A Markdown table of each point's own figures: medians over the runs; plans and reused tokens summed."""
+    lines = ["| workload | concurrency | blendserve TTFT p50 / p95 | plain vLLM TTFT p50 / p95 | ITL p50 (ours / vLLM) "
+             "| HTTP path p50 | plans (blend / plain) | reused prompt tokens |", "|---|---|---|---|---|---|---|---|"]
+    for workload, points in summaries.items():
+        for p in points:
+            runs = p["runs"]
+
+            def median(key: str, name: str | None = None) -> float:
+                return statistics.median(run[key] if name is None else run[key][name] for run in runs)
+
+            prompt_tokens = sum(run["prompt_tokens"] for run in runs)
+            reused: dict[str, int] = defaultdict(int)
+            for run in runs:
+                for tier, tokens in run["reused_tokens"].items():
+                    reused[tier] += tokens
+            shares = ", ".join(f"{tier} {100 * tokens / prompt_tokens:.0f}%"
+                               for tier, tokens in sorted(reused.items(), key=lambda item: -item[1]))
+            plans = [sum(run["plans"].get(plan, 0) for run in runs) for plan in ("blend", "plain")]
+            lines.append(
+                f"| {workload} | {p['load']['concurrency']} | {median('ttft_p50_s', 'blendserve'):.2f} / "
+                f"{median('ttft_p95_s', 'blendserve'):.2f} s | {median('ttft_p50_s', 'vllm'):.2f} / "
+                f"{median('ttft_p95_s', 'vllm'):.2f} s | {median('itl_p50_s', 'blendserve'):.3f} / "
+                f"{median('itl_p50_s', 'vllm'):.3f} s | {median('http_p50_s'):.3f} s | {plans[0]} / {plans[1]} | "
+                f"{shares} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", action="append", required=True, help="WORKLOAD=RESULT.json, once per run")
@@ -126,6 +159,8 @@ def main() -> None:
     if args.plot is not None:
         plot(summaries, machine, args.plot)
     print(table(summaries))
+    print()
+    print(details(summaries))
 
 
 if __name__ == "__main__":
