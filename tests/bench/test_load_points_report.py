@@ -25,3 +25,13 @@ def test_ratios_intervals_and_throughput_at_equal_p95() -> None:
     assert points[1]["throughput_at_equal_p95_ratio"] == 3.0 / 1.5  # within 4.8 s as well
     low, high = paired_median_ratio_interval([2.0, 3.0, 4.0, 9.0], [1.0, 1.0, 1.0, 1.0])
     assert 2.0 <= low <= 3.5 <= high <= 9.0
+
+
+def test_throughput_at_equal_p95_takes_each_systems_best_within_the_budget() -> None:
+    # vLLM's second point is both faster and within its first point's p95: its own best there is 1.5 req/s
+    ours = [_point([1.0, 1.0, 1.0, 1.0, 1.0], 2.0, 1), _point([1.5, 1.5, 1.5, 1.5, 1.5], 3.0, 2)]
+    theirs = [_point([1.0, 1.0, 1.0, 1.0, 3.0], 1.0, 1), _point([1.0, 1.0, 1.0, 1.0, 2.9], 1.5, 2)]
+    result = {"plan": {"points": [{}, {}]},
+              "systems": {"blendserve": {"points": ours}, "vllm": {"points": theirs}}}
+    points = workload_summary([result])
+    assert points[0]["throughput_at_equal_p95_ratio"] == 3.0 / 1.5  # not 3.0 / 1.0, vLLM's first point alone
