@@ -45,7 +45,7 @@ def main() -> None:
         engine = VLLMEngine.start(model, Path(tempfile.mkdtemp(prefix="bs-verdicts-")), dtype=dtype)
         try:
             fuser = engine.fuser
-            verdicts = engine.call(lambda: measure(engine.fuser))  # on the engine's thread, as at worker start
+            verdicts = engine.call(lambda: measure(fuser))  # on the engine's thread, as at worker start
         finally:
             engine.close()
     result = {"model": model.name, **measured_on(dtype), "engine": args.engine,

@@ -22,10 +22,12 @@ from typing import Any
 from cluster.bench.workload import read_workload
 from workers.model.default import prepare_default_model
 from workers.model.dtype import AUTO, DTYPE_CHOICES, measured_on, resolve_dtype
+from workers.vllm.settings import VLLMSettings
 
 SKIPPED_GAPS = 4  # a request's first gaps overlap the other requests' prefills
 ENGINES = ("blendserve", "vllm", "vllm_connector")
 NUM_PROMPTS = 8
+SETTINGS = VLLMSettings(kv_cache_bytes=1 << 30)  # both engines' (the rest: blendserve's defaults)
 
 
 def _gaps(times_s: list[float]) -> list[float]:
@@ -38,10 +40,8 @@ def blendserve_gaps(path: Path, dtype: str, records: list[Any], loads: list[int]
     from workers.engines.base import PLAIN_MODE, BlendRequest
     from workers.generation.sampling import SamplingParams
     from workers.vllm.engine import VLLMEngine
-    from workers.vllm.settings import VLLMSettings
 
-    engine = VLLMEngine.start(path, Path(tempfile.mkdtemp(prefix="bs-gaps-")), VLLMSettings(kv_cache_bytes=1 << 30),
-                              dtype)
+    engine = VLLMEngine.start(path, Path(tempfile.mkdtemp(prefix="bs-gaps-")), SETTINGS, dtype)
     sampling = SamplingParams(max_new_tokens=max_tokens)
     gaps: dict[int, list[float]] = {load: [] for load in loads}
     lock = threading.Lock()
@@ -69,23 +69,16 @@ def blendserve_gaps(path: Path, dtype: str, records: list[Any], loads: list[int]
 def vllm_gaps(path: Path, dtype: str, records: list[Any], loads: list[int], rounds: int, max_tokens: int,
               connector: bool) -> dict[int, list[float]]:
     """Gaps per concurrency through vLLM's LLMEngine stepped on this thread, built as blendserve builds it."""
-    from workers.vllm.engine_config import blend_kv_transfer_config, cpu_threads, set_cpu_env
+    from workers.vllm.engine_config import cpu_threads, set_cpu_env
 
     set_cpu_env(Path(tempfile.mkdtemp(prefix="bs-gaps-")), in_process=True)  # before vLLM is imported
-    import torch
     from transformers import AutoTokenizer
     from vllm import SamplingParams
-    from vllm.config import KVTransferConfig
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.engine.llm_engine import LLMEngine
 
     from workers.generation.prompt import PromptTemplate
+    from workers.vllm.engine import build_llm_engine
 
-    torch._C.set_num_threads(cpu_threads())
-    extra = {"kv_transfer_config": KVTransferConfig(**blend_kv_transfer_config())} if connector else {}
-    engine = LLMEngine.from_engine_args(EngineArgs(
-        model=str(path), dtype=dtype, enforce_eager=True, max_model_len=8192, max_num_seqs=8,
-        enable_prefix_caching=True, disable_log_stats=True, kv_cache_memory_bytes=1 << 30, **extra))
+    engine = build_llm_engine(path, SETTINGS, dtype, cpu_threads(), with_connector=connector)
     template = PromptTemplate(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
     prompts = [template.layout(list(r.documents), r.question).token_ids for r in records]
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False)

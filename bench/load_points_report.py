@@ -14,7 +14,7 @@ and a plot.
 import argparse
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -113,31 +113,31 @@ def table(summaries: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def _median_over(runs: list[dict[str, Any]], key: str, name: str | None = None) -> float:
+    """The median over the runs of `run[key]` (of `run[key][name]` for a per-system figure)."""
+    return statistics.median(run[key] if name is None else run[key][name] for run in runs)
+
+
+def _detail_row(workload: str, point: dict[str, Any]) -> str:
+    runs = point["runs"]
+    prompt_tokens = sum(run["prompt_tokens"] for run in runs)
+    reused = sum((Counter(run["reused_tokens"]) for run in runs), Counter())
+    shares = ", ".join(f"{tier} {100 * tokens / prompt_tokens:.0f}%" for tier, tokens in reused.most_common())
+    blend, plain = (sum(run["plans"].get(plan, 0) for run in runs) for plan in ("blend", "plain"))
+    ours, theirs = (
+        f"{_median_over(runs, 'ttft_p50_s', name):.2f} / {_median_over(runs, 'ttft_p95_s', name):.2f} s"
+        for name in ("blendserve", "vllm")
+    )
+    itl = f"{_median_over(runs, 'itl_p50_s', 'blendserve'):.3f} / {_median_over(runs, 'itl_p50_s', 'vllm'):.3f} s"
+    return (f"| {workload} | {point['load']['concurrency']} | {ours} | {theirs} | {itl} | "
+            f"{_median_over(runs, 'http_p50_s'):.3f} s | {blend} / {plain} | {shares} |")
+
+
 def details(summaries: dict[str, list[dict[str, Any]]]) -> str:
     """A Markdown table of each point's own figures: medians over the runs; plans and reused tokens summed."""
     lines = ["| workload | concurrency | blendserve TTFT p50 / p95 | plain vLLM TTFT p50 / p95 | ITL p50 (ours / vLLM) "
              "| HTTP path p50 | plans (blend / plain) | reused prompt tokens |", "|---|---|---|---|---|---|---|---|"]
-    for workload, points in summaries.items():
-        for p in points:
-            runs = p["runs"]
-
-            def median(key: str, name: str | None = None) -> float:
-                return statistics.median(run[key] if name is None else run[key][name] for run in runs)
-
-            prompt_tokens = sum(run["prompt_tokens"] for run in runs)
-            reused: dict[str, int] = defaultdict(int)
-            for run in runs:
-                for tier, tokens in run["reused_tokens"].items():
-                    reused[tier] += tokens
-            shares = ", ".join(f"{tier} {100 * tokens / prompt_tokens:.0f}%"
-                               for tier, tokens in sorted(reused.items(), key=lambda item: -item[1]))
-            plans = [sum(run["plans"].get(plan, 0) for run in runs) for plan in ("blend", "plain")]
-            lines.append(
-                f"| {workload} | {p['load']['concurrency']} | {median('ttft_p50_s', 'blendserve'):.2f} / "
-                f"{median('ttft_p95_s', 'blendserve'):.2f} s | {median('ttft_p50_s', 'vllm'):.2f} / "
-                f"{median('ttft_p95_s', 'vllm'):.2f} s | {median('itl_p50_s', 'blendserve'):.3f} / "
-                f"{median('itl_p50_s', 'vllm'):.3f} s | {median('http_p50_s'):.3f} s | {plans[0]} / {plans[1]} | "
-                f"{shares} |")
+    lines += [_detail_row(workload, point) for workload, points in summaries.items() for point in points]
     return "\n".join(lines)
 
 

@@ -86,7 +86,7 @@ class VLLMEngine(Engine):
         cpu = settings.device == "cpu" or (settings.device == "auto" and not torch.cuda.is_available())
         set_cpu_env(Path(scratch_dir), in_process=True, num_threads=settings.num_threads, cpu=cpu)
         threads = cpu_threads(settings.num_threads) if cpu else None
-        loop = EngineLoop(lambda: _build_llm_engine(Path(model_path), settings, dtype, threads))
+        loop = EngineLoop(lambda: build_llm_engine(Path(model_path), settings, dtype, threads))
         model = loop.call(lambda: _model(loop.engine))
         checkpoint = shared_checkpoint(Path(model_path), model, tokenizer)
         block_size = loop.engine.vllm_config.cache_config.block_size
@@ -285,8 +285,12 @@ def _model(engine: Any) -> torch.nn.Module:
     return models[0]
 
 
-def _build_llm_engine(model_path: Path, settings: VLLMSettings, dtype: str, num_threads: int | None) -> Any:
+def build_llm_engine(
+    model_path: Path, settings: VLLMSettings, dtype: str, num_threads: int | None, with_connector: bool = True
+) -> Any:
     """vLLM's LLMEngine with BlendKVConnector (and its prefix cache, which fused KV never enters unsalted).
+
+    `with_connector=False`: the same engine without it, for benchmarks that set the two side by side.
 
     On a CPU, `num_threads` is set on this (the engine's) thread first: OMP_NUM_THREADS in the environment is read
     once, when the OpenMP runtime loads, and a Ray worker is started with it at its actor's num_cpus (1 by
@@ -306,7 +310,7 @@ def _build_llm_engine(model_path: Path, settings: VLLMSettings, dtype: str, num_
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
         enable_prefix_caching=settings.prefix_caching,
-        kv_transfer_config=KVTransferConfig(**blend_kv_transfer_config()),
+        kv_transfer_config=KVTransferConfig(**blend_kv_transfer_config()) if with_connector else None,
         disable_log_stats=True,
         kv_cache_memory_bytes=settings.kv_cache_bytes,
         **({"block_size": settings.block_size} if settings.block_size else {}),
